@@ -1,0 +1,52 @@
+# make test  : fresh machine -> .venv, pinned CPU torch, triton, the project; lint,
+#              CPU suites, then the Triton-interpreter suite.
+# make demo  : the main job, compiled, on a small batch.
+# make gpu-test : the same suites with CUDA tensors, system python, no network.
+
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_FLAGS ?= -q
+STAMP := $(VENV)/.specdraft-installed
+
+.PHONY: install lint test test-cpu test-interpreter demo gpu-test gpu-bench clean
+
+# torch goes in first and pinned: a plain `torch` requirement in a fresh venv would
+# pull the registry's newest build with several GB of CUDA packages.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q triton
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test-cpu: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "not interpreter" property_tests compile_tests
+
+# TRITON_INTERPRET must be set before any kernel is defined, hence its own run.
+test-interpreter: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) -m "interpreter or kernel" property_tests
+
+test: lint test-cpu test-interpreter
+
+demo: $(STAMP)
+	$(PY) -m specdraft.demo
+
+# For a GPU machine that already has torch, triton, pytest and hypothesis.
+gpu-test:
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	SPECDRAFT_DEVICE=cuda $(PYTHON) -m pytest $(PYTEST_FLAGS) -m "not interpreter" property_tests compile_tests
+
+gpu-bench:
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PYTHON) benchmarks/bench_shift_and_cache.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .hypothesis .pytest_cache .ruff_cache

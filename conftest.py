@@ -1,0 +1,53 @@
+"""Shared test setup: Hypothesis profiles, the device every suite runs on, and
+NaN-poisoned torch.empty so no op can pass by reading memory it never wrote."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "nightly",
+    deadline=None,
+    max_examples=1000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DEVICE = os.environ.get("SPECDRAFT_DEVICE", "cpu")
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    raise pytest.UsageError("SPECDRAFT_DEVICE=cuda but torch sees no CUDA device")
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return DEVICE
+
+
+_real_empty, _real_empty_like = torch.empty, torch.empty_like
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    if t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8):
+        return t.fill_(-0x5A5A5A if t.dtype != torch.int8 else -90)
+    return t
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(_real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(_real_empty_like(*a, **k)))

@@ -1,0 +1,49 @@
+"""What every op file shares about Triton: whether it is importable, and which path a
+tensor takes through an op body.
+
+Without triton the package still imports: `triton.jit` becomes the identity and
+`tl.constexpr` a placeholder, so kernel definitions parse, and every op body takes
+its pure-torch reference.
+"""
+
+import math
+import os
+from types import SimpleNamespace
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised by a subprocess test
+    HAS_TRITON = False
+    triton = SimpleNamespace(
+        jit=lambda fn=None, **_: fn if fn is not None else (lambda f: f),
+        next_power_of_2=lambda n: 1 << max(0, math.ceil(math.log2(max(1, n)))),
+        cdiv=lambda a, b: (a + b - 1) // b,
+    )
+    tl = SimpleNamespace(constexpr=object)
+
+# Read once: the interpreter swaps kernel launching for a NumPy emulation at
+# definition time, so the variable only matters if set before import.
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+NAMESPACE = "specdraft"
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """CUDA tensors run the Triton kernel; CPU tensors run the reference, except in the
+    interpreter lane (TRITON_INTERPRET=1), where the kernel runs on CPU tensors."""
+    if not HAS_TRITON:
+        return False
+    return tensor.device.type == "cuda" or (TRITON_INTERPRET and tensor.device.type == "cpu")
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
