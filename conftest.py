@@ -37,6 +37,7 @@ def device() -> str:
 _real_empty, _real_empty_like = torch.empty, torch.empty_like
 
 
+@torch.no_grad()  # torch's own callers may ask for requires_grad=True leaves
 def _poison(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
         return t.fill_(float("nan"))

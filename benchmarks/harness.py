@@ -1,0 +1,74 @@
+"""Shared GPU benchmark helpers: timing, yardsticks, markdown tables.
+
+All times are GPU times from CUDA-graph replays (triton.testing.do_bench_cudagraph),
+so Python launch overhead, which a serving engine removes with CUDA graphs too,
+does not hide the kernels' own cost. Medians, in microseconds.
+"""
+
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench_cudagraph
+
+
+def time_us(fn: Callable[[], object], rep: int = 50) -> float:
+    fn()  # compile / autotune outside the captured graph
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+def empty_kernel_us() -> float:
+    """The floor: one empty Triton kernel launch, timed the same way."""
+    x = torch.empty(1, device="cuda")
+    return time_us(lambda: _empty_kernel[(1,)](x))
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """The yardstick: a plain device-to-device copy, bytes read + written per second."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), rep=100)
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def gbs(nbytes: int, us: float) -> float:
+    return nbytes / (us * 1e-6) / 1e9
+
+
+def compiled(fn: Callable) -> Callable:
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    def cell(v):
+        return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def emit(name: str, text: str) -> None:
+    """Print, and save under $OUT (the device tool's output folder) when set."""
+    print(text)
+    sys.stdout.flush()
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{name}.md"), "w") as f:
+            f.write(text + "\n")
+
+
+def device_name() -> str:
+    return f"{torch.cuda.get_device_name()} (torch {torch.__version__}, triton {triton.__version__})"
+
+
+__all__ = ["tl", "time_us", "empty_kernel_us", "copy_bandwidth_gbs", "gbs", "compiled", "markdown_table", "emit"]
