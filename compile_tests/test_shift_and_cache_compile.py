@@ -2,10 +2,12 @@
 fullgraph=True equals eager, with no graph break, and with dynamic=True compiles
 once for several batch sizes."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden, shift_plan
+from specdraft import ShiftCache, adjust_input
 from specdraft.testing import CompileCounts, ShiftLayout, fresh_compile
 
 LAYOUT = ShiftLayout(
@@ -39,52 +41,52 @@ def layout_of(batch: int) -> ShiftLayout:
     )
 
 
-def inputs(layout: ShiftLayout, device, hidden=40):
+def inputs(layout: ShiftLayout, device, hidden=40, mrope=False):
+    """Keyword arguments of `adjust_input` for a layout (cache included)."""
     gen = torch.Generator().manual_seed(0)
     meta = layout.tensors(device)
     b, m, t = layout.num_reqs, layout.max_shift, layout.num_tokens
+    positions = meta["positions"]
+    cache = ShiftCache.zeros(b, m, hidden, dtype=torch.float32, device=device, mrope=mrope)
+    cache.token_ids.copy_(torch.randint(0, 1000, (b, m), generator=gen))
+    cache.positions.copy_(torch.randint(0, 1000, cache.positions.shape, generator=gen))
+    cache.hidden_states.copy_(torch.randn(b, m, hidden, generator=gen))
+    cache.slot_mapping.copy_(torch.randint(0, 1000, (b, m), generator=gen))
+    cache.cached_lens.copy_(meta["cached_lens"])
     return {
         "token_ids": torch.randint(0, 1000, (t,), generator=gen, dtype=torch.int32).to(device),
-        "positions": meta["positions"],
+        "positions": torch.stack([positions, positions + 1, positions * 2]) if mrope else positions,
         "hidden_states": torch.randn(t, hidden, generator=gen).to(device),
         "query_start_loc": meta["query_start_loc"],
-        "token_indices_to_sample": meta["token_indices_to_sample"],
         "seq_lens": meta["seq_lens"],
-        "cached_lens": meta["cached_lens"],
-        "cached_token_ids": torch.randint(0, 1000, (b, m), generator=gen, dtype=torch.int32).to(device),
-        "cached_positions": torch.randint(0, 1000, (b, m), generator=gen).to(device),
-        "cached_hidden_states": torch.randn(b, m, hidden, generator=gen).to(device),
+        "cache": cache,
+        "token_indices_to_sample": meta["token_indices_to_sample"],
+        "slot_mapping": torch.randint(0, 1 << 20, (t,), generator=gen).to(device),
+        "max_query_len": layout.max_query_len,
     }
 
 
-def adjust_input(
-    token_ids, positions, hidden_states, query_start_loc, token_indices_to_sample, seq_lens,
-    cached_lens, cached_token_ids, cached_positions, cached_hidden_states, max_query_len: int,
-):  # fmt: skip
-    plan = shift_plan(query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens, 3)
-    out_ids, out_pos, out_hidden = token_ids.clone(), positions.clone(), hidden_states.clone()
-    args = (query_start_loc, plan.token_indices_to_sample, plan.shift, cached_lens, max_query_len)
-    shift_and_cache_1d(token_ids, out_ids, cached_token_ids, *args)
-    shift_and_cache_1d(positions, out_pos, cached_positions, *args)
-    shift_and_cache_hidden(hidden_states, out_hidden, cached_hidden_states, *args)
-    cached_lens.copy_(plan.cached_lens)
-    return out_ids, out_pos, out_hidden, plan.token_indices_to_sample, plan.seq_lens
+def clone_all(kwargs):
+    def clone(v):
+        if isinstance(v, ShiftCache):
+            return ShiftCache(*(clone(getattr(v, f.name)) for f in dataclasses.fields(v)))
+        return v.clone() if isinstance(v, torch.Tensor) else v
 
-
-def clone_all(d):
-    return {k: v.clone() for k, v in d.items()}
+    return {k: clone(v) for k, v in kwargs.items()}
 
 
 def assert_same(eager_in, eager_out, compiled_in, compiled_out):
     for a, b in zip(eager_out, compiled_out, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
-    for k in eager_in:  # the in-place cache updates agree too
-        torch.testing.assert_close(compiled_in[k], eager_in[k], rtol=0, atol=0, msg=k)
+    for f in dataclasses.fields(ShiftCache):  # the in-place cache updates agree too
+        a, b = getattr(eager_in["cache"], f.name), getattr(compiled_in["cache"], f.name)
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f.name)
 
 
 def test_opcheck_every_op(device):
     t = inputs(LAYOUT, device)
     meta = LAYOUT.tensors(device)
+    cache = t["cache"]
     args = (meta["query_start_loc"], meta["token_indices_to_sample"], meta["shift"], meta["cached_lens"])
     torch.library.opcheck(
         torch.ops.specdraft.shift_plan,
@@ -93,26 +95,27 @@ def test_opcheck_every_op(device):
     )  # fmt: skip
     torch.library.opcheck(
         torch.ops.specdraft.shift_and_cache_1d,
-        (t["token_ids"], torch.zeros_like(t["token_ids"]), t["cached_token_ids"], *args, LAYOUT.max_query_len),
+        (t["token_ids"], torch.zeros_like(t["token_ids"]), cache.token_ids, *args, LAYOUT.max_query_len),
     )
     mrope = torch.stack([t["positions"]] * 3)
     torch.library.opcheck(
         torch.ops.specdraft.shift_and_cache_1d,
-        (mrope, torch.zeros_like(mrope), torch.stack([t["cached_positions"]] * 3), *args, LAYOUT.max_query_len),
+        (mrope, torch.zeros_like(mrope), torch.stack([cache.positions] * 3), *args, LAYOUT.max_query_len),
     )
     torch.library.opcheck(
         torch.ops.specdraft.shift_and_cache_hidden,
-        (t["hidden_states"], torch.zeros_like(t["hidden_states"]), t["cached_hidden_states"], *args, 297),
+        (t["hidden_states"], torch.zeros_like(t["hidden_states"]), cache.hidden_states, *args, 297),
     )
 
 
-def test_fullgraph_equals_eager_without_graph_breaks(device):
-    eager_in = inputs(LAYOUT, device)
+@pytest.mark.parametrize("mrope", [False, True])
+def test_fullgraph_equals_eager_without_graph_breaks(device, mrope):
+    eager_in = inputs(LAYOUT, device, mrope=mrope)
     compiled_in = clone_all(eager_in)
-    eager_out = adjust_input(**eager_in, max_query_len=LAYOUT.max_query_len)
+    eager_out = adjust_input(**eager_in)
     compiled = fresh_compile(adjust_input, fullgraph=True)
     with CompileCounts.measure() as counts:
-        compiled_out = compiled(**compiled_in, max_query_len=LAYOUT.max_query_len)
+        compiled_out = compiled(**compiled_in)
     assert_same(eager_in, eager_out, compiled_in, compiled_out)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1
@@ -125,8 +128,8 @@ def test_dynamic_shapes_compile_once_across_batch_sizes(device):
             layout = layout_of(batch)
             eager_in = inputs(layout, device)
             compiled_in = clone_all(eager_in)
-            eager_out = adjust_input(**eager_in, max_query_len=layout.max_query_len)
-            compiled_out = compiled(**compiled_in, max_query_len=layout.max_query_len)
+            eager_out = adjust_input(**eager_in)
+            compiled_out = compiled(**compiled_in)
             assert_same(eager_in, eager_out, compiled_in, compiled_out)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"recompiled: {counts.compiles} graphs for 3 batch sizes"
@@ -137,6 +140,6 @@ def test_fullgraph_tiny_batches(device, batch):
     layout = layout_of(batch)
     eager_in = inputs(layout, device)
     compiled_in = clone_all(eager_in)
-    eager_out = adjust_input(**eager_in, max_query_len=layout.max_query_len)
-    compiled_out = fresh_compile(adjust_input, fullgraph=True)(**compiled_in, max_query_len=layout.max_query_len)
+    eager_out = adjust_input(**eager_in)
+    compiled_out = fresh_compile(adjust_input, fullgraph=True)(**compiled_in)
     assert_same(eager_in, eager_out, compiled_in, compiled_out)

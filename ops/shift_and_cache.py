@@ -52,6 +52,7 @@ BLOCK_TOKENS_1D = 256
 # enough for any hidden size while each row segment is a 512-byte (bf16) burst.
 BLOCK_TOKENS_HIDDEN = 32
 BLOCK_HIDDEN = 256
+NUM_WARPS_HIDDEN = 4
 BLOCK_REQS = 256
 
 
@@ -450,7 +451,7 @@ def _shift_and_cache_hidden_op(
         src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens,
         src.shape[0], hidden,
         MAX_SHIFT=max_shift, PADDED_SHIFT=next_power_of_2(max_shift),
-        BLOCK_TOKENS=BLOCK_TOKENS_HIDDEN, BLOCK_HIDDEN=BLOCK_HIDDEN,
+        BLOCK_TOKENS=BLOCK_TOKENS_HIDDEN, BLOCK_HIDDEN=BLOCK_HIDDEN, num_warps=NUM_WARPS_HIDDEN,
     )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 torch.compile(fullgraph=True). The kernel layer is `specdraft.ops`."""
 
 from specdraft import ops
+from specdraft.adjust_input import AdjustedInput, ShiftCache, adjust_input
 
 __version__ = "0.1.0"
-__all__ = ["ops", "__version__"]
+__all__ = ["AdjustedInput", "ShiftCache", "adjust_input", "ops", "__version__"]
