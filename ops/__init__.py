@@ -3,6 +3,14 @@
 reference. This package imports torch and triton only."""
 
 from ._triton import HAS_TRITON
+from .prepare_inputs import (
+    EagleInputs,
+    NextTokens,
+    PaddedInputs,
+    prepare_eagle_input,
+    prepare_inputs_padded,
+    prepare_next_token_padded,
+)
 from .shift_and_cache import (
     MAX_SHIFT_LIMIT,
     ShiftPlan,
@@ -10,6 +18,7 @@ from .shift_and_cache import (
     shift_and_cache_hidden,
     shift_plan,
 )
+from .step_metadata import PADDING_SLOT_ID, step_metadata
 
 __all__ = [
     "HAS_TRITON",
@@ -18,4 +27,13 @@ __all__ = [
     "shift_and_cache_1d",
     "shift_and_cache_hidden",
     "shift_plan",
+    # prepare_inputs, step_metadata
+    "EagleInputs",
+    "NextTokens",
+    "PaddedInputs",
+    "PADDING_SLOT_ID",
+    "prepare_eagle_input",
+    "prepare_inputs_padded",
+    "prepare_next_token_padded",
+    "step_metadata",
 ]

@@ -2,6 +2,16 @@
 batch layouts, opt-in value checkers (these sync with the host: tests only), and
 compile counters."""
 
+from specdraft.testing.batch import (
+    RejectionLayout,
+    SampledLayout,
+    StepLayout,
+    check_rejection_values,
+    check_step_metadata_values,
+    rejection_layouts,
+    sampled_layouts,
+    step_layouts,
+)
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.shift_and_cache import (
     ShiftLayout,
@@ -15,4 +25,13 @@ __all__ = [
     "check_shift_and_cache_values",
     "fresh_compile",
     "shift_layouts",
+    # batch preparation (prepare_inputs, step_metadata)
+    "RejectionLayout",
+    "SampledLayout",
+    "StepLayout",
+    "check_rejection_values",
+    "check_step_metadata_values",
+    "rejection_layouts",
+    "sampled_layouts",
+    "step_layouts",
 ]
