@@ -39,6 +39,10 @@ _real_empty, _real_empty_like = torch.empty, torch.empty_like
 
 @torch.no_grad()  # torch's own callers may ask for requires_grad=True leaves
 def _poison(t: torch.Tensor) -> torch.Tensor:
+    # Eager only: in a traced graph the fill would be a mutation of an intermediate,
+    # which AOT rejects, and Inductor allocates its own buffers anyway.
+    if torch.compiler.is_compiling():
+        return t
     if t.is_floating_point():
         return t.fill_(float("nan"))
     if t.dtype == torch.bool:
