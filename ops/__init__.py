@@ -3,6 +3,8 @@
 reference. This package imports torch and triton only."""
 
 from ._triton import HAS_TRITON
+from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
+from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
 from .prepare_inputs import (
     EagleInputs,
     NextTokens,
@@ -36,4 +38,10 @@ __all__ = [
     "prepare_inputs_padded",
     "prepare_next_token_padded",
     "step_metadata",
+    # parallel drafting
+    "ExpandedInputs",
+    "ExtendedQueries",
+    "copy_and_expand_inputs",
+    "extend_queries_by_n",
+    "new_slot_mapping",
 ]

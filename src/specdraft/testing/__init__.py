@@ -13,6 +13,7 @@ from specdraft.testing.batch import (
     step_layouts,
 )
 from specdraft.testing.compile import CompileCounts, fresh_compile
+from specdraft.testing.expand import ExpandLayout, expand_layouts
 from specdraft.testing.shift_and_cache import (
     ShiftLayout,
     check_shift_and_cache_values,
@@ -34,4 +35,7 @@ __all__ = [
     "rejection_layouts",
     "sampled_layouts",
     "step_layouts",
+    # parallel drafting (copy_and_expand_inputs, new_slot_mapping)
+    "ExpandLayout",
+    "expand_layouts",
 ]
