@@ -1,0 +1,36 @@
+"""Draft models in pure torch that compile under torch.compile(fullgraph=True): a
+paged KV cache and attention, RoPE / M-RoPE, Llama-style layers, the reference draft
+heads (EAGLE-1, EAGLE-3, MTP) behind one interface (see specdraft.models.heads), a
+tiny target model, and loading from local HF-format folders."""
+
+from specdraft.models.attention import AttentionMetadata, paged_attention
+from specdraft.models.config import DraftModelConfig
+from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
+from specdraft.models.kv_cache import PADDING_SLOT_ID, allocate_kv_caches, kv_cache_shape, write_kv_cache
+from specdraft.models.layers import DecoderLayer, RMSNorm
+from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
+from specdraft.models.rope import RotaryEmbedding
+from specdraft.models.target import TinyTargetModel, default_aux_layers
+
+__all__ = [
+    "PADDING_SLOT_ID",
+    "AttentionMetadata",
+    "DecoderLayer",
+    "DraftHead",
+    "DraftModelConfig",
+    "Eagle3Head",
+    "EagleHead",
+    "MTPHead",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "TinyTargetModel",
+    "allocate_kv_caches",
+    "default_aux_layers",
+    "kv_cache_shape",
+    "load_draft_model",
+    "paged_attention",
+    "read_safetensors",
+    "save_draft_model",
+    "write_kv_cache",
+    "write_safetensors",
+]

@@ -1,0 +1,125 @@
+"""Pure-torch paged attention for variable-length query batches.
+
+Causality is bottom-right aligned, as in FlashAttention's varlen mode that vLLM uses:
+query i of a request with query length q and sequence length s sits at sequence index
+s - q + i and sees that request's keys 0 .. s - q + i. For text this is "a query at
+position p sees keys at positions <= p"; it is defined by query_start_loc and
+seq_lens rather than by `positions` because M-RoPE positions are not sequence indices.
+
+Vectorised with two static bounds (Python ints, so the graph has fixed shapes):
+max_query_len Q and max_seq_len L. Queries are laid out padded [B, Q], keys gathered
+per request [B, L] through the block table; scores are [B, heads, Q, L] float32. This
+is the draft-model path (Q is small during drafting); it is not a prefill kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.models.kv_cache import check_kv_cache, flat_slots
+
+
+@dataclass
+class AttentionMetadata:
+    """What one attention layer needs about the batch. Any object with these
+    attributes works (the models read them by name).
+
+    query_start_loc [B+1] int32, seq_lens [B] int32 (including this step's tokens),
+    block_table [B, max_blocks] int32, slot_mapping [T] int64 (PADDING_SLOT_ID = -1 is
+    not stored); max_query_len: Python int >= every query length; max_seq_len: Python
+    int >= every seq_len, or None for block_table.shape[1] * block_size. Tokens past
+    query_start_loc[-1] (CUDA-graph padding) get a zero attention output.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int | None = None
+
+
+def _padded_queries(query, query_start_loc, max_query_len):
+    """[B, Q] token indices of each request's queries and whether each is real."""
+    starts = query_start_loc[:-1].to(torch.int64)
+    lens = query_start_loc[1:].to(torch.int64) - starts
+    i = torch.arange(max_query_len, device=query.device)
+    token = (starts[:, None] + i[None, :]).clamp(0, query.shape[0] - 1)
+    return token, i[None, :] < lens[:, None], lens
+
+
+def _gathered_keys(kv_cache, block_table, max_seq_len):
+    """[B, L] slot of each request's key l, and the keys and values there."""
+    block_size, num_blocks = kv_cache.shape[2], kv_cache.shape[1]
+    key_pos = torch.arange(max_seq_len, device=kv_cache.device)
+    blocks = block_table.to(torch.int64).index_select(1, key_pos // block_size)
+    # Entries past a request's last block may hold anything: clamp so the gather stays
+    # in bounds; those keys are masked out below.
+    slots = blocks.clamp(0, num_blocks - 1) * block_size + key_pos % block_size
+    flat = flat_slots(kv_cache)
+    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    return key_pos, keys, values
+
+
+def _scatter_back(out_padded, query_start_loc, num_tokens, max_query_len):
+    """[B, Q, H, D] -> [T, H, D]: token t takes row (its request, t - request start)."""
+    bounds = query_start_loc.to(torch.int64)
+    t = torch.arange(num_tokens, device=out_padded.device)
+    req = torch.searchsorted(bounds[1:], t, right=True)
+    num_reqs = out_padded.shape[0]
+    req_c = req.clamp(max=num_reqs - 1)
+    i = t - bounds.index_select(0, req_c)
+    real = (req < num_reqs) & (i < max_query_len)
+    rows = out_padded[req_c, i.clamp(0, max_query_len - 1)]
+    return torch.where(real[:, None, None], rows, 0)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """query [T, heads, head_dim] -> [T, heads, head_dim] in query.dtype; GQA when
+    heads is a multiple of the cache's kv_heads. The cache must already hold this
+    step's keys (write_kv_cache first)."""
+    check_kv_cache("kv_cache", kv_cache)
+    num_tokens, heads, dim = query.shape
+    kv_heads = kv_cache.shape[3]
+    if heads % kv_heads or dim != kv_cache.shape[4]:
+        raise ValueError(f"query must be [T, k * {kv_heads}, {kv_cache.shape[4]}], got {tuple(query.shape)}")
+    bound = block_table.shape[1] * kv_cache.shape[2]
+    max_seq_len = bound if max_seq_len is None else max_seq_len
+    if isinstance(max_seq_len, int) and isinstance(bound, int) and not 1 <= max_seq_len <= bound:
+        raise ValueError(f"max_seq_len must be in [1, block_table width * block_size = {bound}], got {max_seq_len}")
+    if isinstance(max_query_len, int) and max_query_len < 1:
+        raise ValueError(f"max_query_len must be >= 1, got {max_query_len}")
+    num_reqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_reqs == 0:
+        return torch.zeros_like(query)
+    scale = dim**-0.5 if scale is None else scale
+
+    token, q_real, q_lens = _padded_queries(query, query_start_loc, max_query_len)
+    key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
+    lens = seq_lens.to(torch.int64)[:, None]
+    k_real = key_pos[None, :] < lens  # [B, L]
+    # Zero what is masked: unwritten slots may hold NaN, and 0 * NaN would leak.
+    keys = torch.where(k_real[:, :, None, None], keys, 0).float()
+    values = torch.where(k_real[:, :, None, None], values, 0).float()
+    q_index = lens - q_lens[:, None] + torch.arange(max_query_len, device=query.device)[None, :]  # [B, Q]
+    visible = k_real[:, None, :] & (key_pos[None, None, :] <= q_index[:, :, None]) & q_real[:, :, None]  # [B, Q, L]
+
+    q = query.index_select(0, token.reshape(-1)).view(num_reqs, max_query_len, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
+    scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
+    # A row with nothing visible (a padded query) gets uniform weights; zero them.
+    probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).reshape(num_reqs, max_query_len, heads, dim)
+    return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)

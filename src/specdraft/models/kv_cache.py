@@ -1,0 +1,82 @@
+"""Paged KV cache: one tensor per attention layer, [2, num_blocks, block_size,
+num_kv_heads, head_dim] (keys at [0], values at [1]), the layout vLLM's engines hand
+to their layers. A token's slot is block_id * block_size + offset; PADDING_SLOT_ID
+(-1) means "do not store".
+"""
+
+from __future__ import annotations
+
+import torch
+
+PADDING_SLOT_ID = -1
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+) -> list[torch.Tensor]:
+    """Zero-filled caches, one per layer (zeros: an unwritten slot is finite, although
+    attention never reads one)."""
+    for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def check_kv_cache(name: str, kv_cache: torch.Tensor) -> None:
+    if not isinstance(kv_cache, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(kv_cache).__name__}")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(
+            f"{name} must have shape [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(kv_cache.shape)}"
+        )
+    if not kv_cache.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def flat_slots(kv_cache: torch.Tensor) -> torch.Tensor:
+    """[2, num_blocks * block_size, kv_heads, head_dim] view: a slot indexes dim 1."""
+    two, blocks, block_size, heads, dim = kv_cache.shape
+    return kv_cache.view(two, blocks * block_size, heads, dim)
+
+
+def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store key / value [T, kv_heads, head_dim] at slot_mapping [T], in place.
+
+    Slots that are negative (PADDING_SLOT_ID) or past the cache are skipped, without
+    a mask that changes shapes: such rows are redirected to the slot of the first
+    valid row *carrying that row's own key and value*, so the duplicate writes all
+    store identical bytes and the result does not depend on which write lands last.
+    With no valid row at all they rewrite slot 0 with its current contents.
+    """
+    check_kv_cache("kv_cache", kv_cache)
+    if key.shape != value.shape or key.dim() != 3 or tuple(key.shape[1:]) != tuple(kv_cache.shape[3:]):
+        raise ValueError(
+            f"key and value must both have shape [T, {kv_cache.shape[3]}, {kv_cache.shape[4]}], "
+            f"got {tuple(key.shape)} and {tuple(value.shape)}"
+        )
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping must have shape [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
+    if key.shape[0] == 0:
+        return
+    flat = flat_slots(kv_cache)
+    slots = slot_mapping.to(torch.int64)
+    valid = (slots >= 0) & (slots < flat.shape[1])
+    rows = torch.stack([key, value]).to(kv_cache.dtype)  # [2, T, heads, dim]
+    first = torch.argmax(valid.to(torch.int32))  # 0-d; 0 when no row is valid
+    any_valid = valid.any()
+    fallback_slot = torch.where(any_valid, slots[first], 0)
+    fallback_rows = torch.where(any_valid, rows[:, first], flat[:, 0])  # [2, heads, dim]
+    index = torch.where(valid, slots, fallback_slot)
+    source = torch.where(valid[None, :, None, None], rows, fallback_rows[:, None])
+    flat.index_copy_(1, index, source)

@@ -1,0 +1,94 @@
+"""Llama-style building blocks shared by the draft heads and the tiny target model:
+RMSNorm, self-attention over the paged KV cache, SwiGLU MLP, and the decoder layer.
+Parameter names follow the Hugging Face Llama names so checkpoints load by name."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.models.attention import paged_attention
+from specdraft.models.config import DraftModelConfig
+from specdraft.models.kv_cache import write_kv_cache
+from specdraft.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 (as HF Llama does), scale in the weight's dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    """q/k/v/o projections, RoPE / M-RoPE, cache write through slot_mapping, paged
+    attention. `input_size` is the projection input (2 * hidden for EAGLE-3)."""
+
+    def __init__(self, config: DraftModelConfig, input_size: int | None = None) -> None:
+        super().__init__()
+        c = config
+        input_size = c.hidden_size if input_size is None else input_size
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(input_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.mrope_section)
+
+    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
+        out = paged_attention(
+            q,
+            kv_cache,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_table,
+            attn_metadata.max_query_len,
+            attn_metadata.max_seq_len,
+        )
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama layer. `input_norm=False` drops input_layernorm (EAGLE-1's first
+    layer has none); `attn_input_size` widens the attention input (EAGLE-3)."""
+
+    def __init__(self, config: DraftModelConfig, attn_input_size: int | None = None, input_norm: bool = True) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps) if input_norm else None
+        self.self_attn = SelfAttention(config, attn_input_size)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.mlp = SwiGLU(h, config.intermediate_size)
+
+    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
+        attn_input = x if self.input_layernorm is None else self.input_layernorm(x)
+        return self.attend_and_mlp(positions, attn_input, x, kv_cache, attn_metadata)
+
+    def attend_and_mlp(self, positions, attn_input, residual, kv_cache, attn_metadata) -> torch.Tensor:
+        """The layer after its input norm: residual + attention, then + MLP."""
+        h = residual + self.self_attn(positions, attn_input, kv_cache, attn_metadata)
+        return h + self.mlp(self.post_attention_layernorm(h))
