@@ -25,7 +25,7 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
-from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
+from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 
 # Elementwise ops: one program per block of requests, one request per thread.
 BLOCK_REQS = 128
@@ -33,9 +33,8 @@ BLOCK_REQS = 128
 # BLOCK_SCAN at a time; the [BLOCK_TOKENS, BLOCK_SCAN] compare tile stays in registers.
 BLOCK_TOKENS = 64
 BLOCK_SCAN = 128
-# prepare_next_token_padded: a [requests, K+1] tile of about this many elements.
-TILE_ELEMS = 2048
-MAX_SAMPLED_PER_REQ = 1024
+# prepare_next_token_padded: K+1 columns read BLOCK_SAMPLED at a time.
+BLOCK_SAMPLED = 16
 
 
 class EagleInputs(NamedTuple):
@@ -137,20 +136,27 @@ def _prepare_next_token_padded_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """K+1 columns in BLOCK_K chunks (one chunk for K < BLOCK_K), so no constexpr
+    depends on K: one compiled kernel for every K, also under dynamic shapes."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    k = tl.arange(0, BLOCK_K)
     req_mask = r < num_reqs
     discard = tl.load(discard_ptr + r, mask=req_mask, other=1).to(tl.int1)
-    tile_mask = (req_mask & ~discard)[:, None] & (k < num_sampled)[None, :]
-    offs = r.to(tl.int64)[:, None] * stride_req + k.to(tl.int64)[None, :] * stride_tok
-    ids = tl.load(sampled_ptr + offs, mask=tile_mask, other=-1).to(tl.int64)
-    # vLLM tests `id != -1`; any negative id is as invalid as -1.
-    valid = (ids >= 0) & (ids < vocab_size) & tile_mask
-    count = tl.sum(valid.to(tl.int32), axis=1)
-    last_k = tl.max(tl.where(valid, k[None, :], -1), axis=1)
-    last_id = tl.sum(tl.where(k[None, :] == last_k[:, None], ids, 0), axis=1)
-    backup = tl.load(backup_ptr + r, mask=req_mask, other=0).to(tl.int64)
-    tl.store(next_out_ptr + r, tl.where(count > 0, last_id, backup).to(next_out_ptr.dtype.element_ty), mask=req_mask)
+    live = req_mask & ~discard
+    row = r.to(tl.int64)[:, None] * stride_req
+    count = tl.zeros([BLOCK_R], dtype=tl.int32)
+    next_id = tl.load(backup_ptr + r, mask=req_mask, other=0).to(tl.int64)
+    for k0 in range(0, num_sampled, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        tile_mask = live[:, None] & (k < num_sampled)[None, :]
+        ids = tl.load(sampled_ptr + row + k.to(tl.int64)[None, :] * stride_tok, mask=tile_mask, other=-1)
+        ids = ids.to(tl.int64)
+        # vLLM tests `id != -1`; any negative id is as invalid as -1.
+        valid = (ids >= 0) & (ids < vocab_size) & tile_mask
+        count += tl.sum(valid.to(tl.int32), axis=1)
+        last_k = tl.max(tl.where(valid, k[None, :], -1), axis=1)
+        last_id = tl.sum(tl.where(k[None, :] == last_k[:, None], ids, 0), axis=1)
+        next_id = tl.where(last_k >= 0, last_id, next_id)
+    tl.store(next_out_ptr + r, next_id.to(next_out_ptr.dtype.element_ty), mask=req_mask)
     tl.store(count_out_ptr + r, count, mask=req_mask)
 
 
@@ -261,12 +267,10 @@ def _prepare_next_token_padded_op(
     next_ids = torch.empty_like(backup_next_token_ids)
     count = torch.empty(num_reqs, dtype=torch.int32, device=sampled_token_ids.device)
     if num_reqs > 0:
-        block_k = next_power_of_2(num_sampled)
-        block_r = max(1, min(BLOCK_REQS, TILE_ELEMS // block_k))
-        wrap_triton(_prepare_next_token_padded_kernel)[(cdiv(num_reqs, block_r),)](
+        wrap_triton(_prepare_next_token_padded_kernel)[(cdiv(num_reqs, BLOCK_REQS),)](
             sampled_token_ids, discard_request_mask, backup_next_token_ids, next_ids, count,
             vocab_size, num_reqs, num_sampled, sampled_token_ids.stride(0), sampled_token_ids.stride(1),
-            BLOCK_R=block_r, BLOCK_K=block_k,
+            BLOCK_R=BLOCK_REQS, BLOCK_K=BLOCK_SAMPLED,
         )  # fmt: skip
     return next_ids, count
 
@@ -366,11 +370,8 @@ def prepare_next_token_padded(
     check_dtype("sampled_token_ids", sampled_token_ids, INDEX_DTYPES)
     check_rank("sampled_token_ids", sampled_token_ids, 2)
     num_reqs, num_sampled = sampled_token_ids.shape
-    if not 1 <= num_sampled <= MAX_SAMPLED_PER_REQ:
-        raise ValueError(
-            f"sampled_token_ids must have 1 to {MAX_SAMPLED_PER_REQ} columns (K+1), got shape "
-            f"{tuple(sampled_token_ids.shape)}"
-        )
+    if num_sampled < 1:
+        raise ValueError(f"sampled_token_ids must have K+1 >= 1 columns, got shape {tuple(sampled_token_ids.shape)}")
     _check_per_request("discard_request_mask", discard_request_mask, num_reqs, (torch.bool,))
     _check_per_request("backup_next_token_ids", backup_next_token_ids, num_reqs)
     check_int_range("vocab_size", vocab_size, 1)

@@ -54,25 +54,27 @@ def _step_metadata_kernel(
     num_slots,
     num_blocks_per_req,
     max_model_len,
-    KV_BLOCK_SIZE: tl.constexpr,
-    NUM_ROWS: tl.constexpr,
+    block_size,
+    num_rows,
     PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """block_size and the row count are runtime values, not constexprs: under
+    dynamic=True they arrive as symbols, and a constexpr must be concrete."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     real = r < num_reqs
     new_pos = tl.load(positions_ptr + r, mask=real, other=0).to(tl.int64) + 1
     clamp = (new_pos >= max_model_len) | (new_pos < 0)
-    for row in tl.static_range(NUM_ROWS):
+    for row in range(0, num_rows):
         row_pos = tl.load(positions_ptr + row * positions_row_stride + r, mask=real, other=0) + 1
         tl.store(positions_ptr + row * positions_row_stride + r, row_pos, mask=real)
         tl.store(clamped_ptr + row * clamped_row_stride + r, tl.where(clamp, 0, row_pos), mask=real)
 
     pos = tl.where(clamp, 0, new_pos)
-    blk = tl.minimum(pos // KV_BLOCK_SIZE, num_blocks_per_req - 1)
+    blk = tl.minimum(pos // block_size, num_blocks_per_req - 1)
     block_offs = r.to(tl.int64) * block_table_stride_req + blk * block_table_stride_blk
     block_id = tl.load(block_table_ptr + block_offs, mask=real & ~clamp, other=0).to(tl.int64)
-    slot = tl.where(clamp | ~real, PAD, block_id * KV_BLOCK_SIZE + pos % KV_BLOCK_SIZE)
+    slot = tl.where(clamp | ~real, PAD, block_id * block_size + pos % block_size)
     tl.store(slot_mapping_ptr + r, slot.to(slot_mapping_ptr.dtype.element_ty), mask=r < num_slots)
 
     seq_len = tl.load(seq_lens_ptr + r, mask=real, other=0).to(tl.int64)
@@ -129,8 +131,8 @@ def _step_metadata_op(
         positions, clamped_positions, seq_lens, block_table, slot_mapping,
         positions.stride(0) if num_rows > 1 else 0, clamped_positions.stride(0) if num_rows > 1 else 0,
         block_table.stride(0), block_table.stride(1),
-        num_reqs, num_slots, block_table.shape[1], max_model_len,
-        KV_BLOCK_SIZE=block_size, NUM_ROWS=num_rows, PAD=PADDING_SLOT_ID, BLOCK=BLOCK_REQS,
+        num_reqs, num_slots, block_table.shape[1], max_model_len, block_size, num_rows,
+        PAD=PADDING_SLOT_ID, BLOCK=BLOCK_REQS,
     )  # fmt: skip
 
 

@@ -63,6 +63,14 @@ MANY_REQUESTS = RejectionLayout(
 )
 
 
+# K+1 = 21 > one 16-column chunk of the kernel: the last valid id in either chunk.
+WIDE_ROWS = SampledLayout(
+    [[5] * 20 + [-1], [5] * 3 + [-1] * 18, [-1] * 16 + [7, 99, 8, -1, -1], [-1] * 21],
+    [False] * 4,
+    [1, 2, 3, 4],
+    50,
+)
+
 # -------------------------------------------------------------- prepare_eagle_input
 
 
@@ -159,6 +167,7 @@ def test_prepare_inputs_padded_keeps_indices_in_window_for_discarded(device):
     layout=SampledLayout([[3, -2, 5, -1], [7, 9, 9, 9]] * 80, [False, True] * 80, [1, 2] * 80, 9),
     id_dtype=torch.int32,
 )
+@example(layout=WIDE_ROWS, id_dtype=torch.int64)
 def test_prepare_next_token_padded_matches_spec(device, layout, id_dtype):
     t = layout.tensors(device, id_dtype)
     inputs = {k: v.clone() for k, v in t.items()}
@@ -261,6 +270,7 @@ def test_interpreted_prepare_kernels_equal_reference(layout, extra):
 
 @pytest.mark.interpreter
 @given(layout=sampled_layouts(max_requests=200))
+@example(layout=WIDE_ROWS)
 def test_interpreted_next_token_kernel_equals_reference(layout):
     t = layout.tensors("cpu", torch.int64)
     args = (t["sampled_token_ids"], t["discard_request_mask"], t["backup_next_token_ids"], layout.vocab_size)
