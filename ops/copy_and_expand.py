@@ -198,8 +198,8 @@ def copy_and_expand_inputs_reference(
     ids_dtype = target_token_ids.dtype
     copied = _gather(target_token_ids, starts[owner] + shift + j)
     ids = torch.where(is_bonus, bonus[owner].to(ids_dtype), copied)
-    ids = torch.where(is_par, torch.tensor(parallel_drafting_token_id, dtype=ids_dtype, device=device), ids)
-    ids = torch.where(is_rej, torch.tensor(padding_token_id, dtype=ids_dtype, device=device), ids)
+    ids = torch.where(is_par, parallel_drafting_token_id, ids)
+    ids = torch.where(is_rej, padding_token_id, ids)
     positions = torch.where(is_rej, 0, first_pos[owner] + j).to(target_positions.dtype)
 
     index_dtype = query_start_loc.dtype

@@ -70,7 +70,7 @@ def _new_slot_mapping_kernel(
     is_req = req < num_reqs
     start = tl.load(query_start_loc_ptr + req).to(tl.int64)
     stop = tl.load(query_start_loc_ptr + req + 1, mask=is_req, other=num_tokens).to(tl.int64)
-    row = block_table_ptr + tl.minimum(req, tl.maximum(num_reqs - 1, 0)).to(tl.int64) * block_table_stride0
+    row = block_table_ptr + tl.where(is_req, req, 0).to(tl.int64) * block_table_stride0  # tail: never read
 
     lanes = tl.arange(0, BLOCK).to(tl.int64)
     lo = tl.program_id(1).to(tl.int64) * BLOCK
