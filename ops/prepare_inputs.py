@@ -30,9 +30,12 @@ from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 # Elementwise ops: one program per block of requests, one request per thread.
 BLOCK_REQS = 128
 # prepare_eagle_input: a program owns BLOCK_TOKENS output rows and scans the requests
-# BLOCK_SCAN at a time; the [BLOCK_TOKENS, BLOCK_SCAN] compare tile stays in registers.
-BLOCK_TOKENS = 64
-BLOCK_SCAN = 128
+# BLOCK_SCAN at a time; the [BLOCK_TOKENS, BLOCK_SCAN] compare tile (64 int32 a thread)
+# stays in registers. Wide scan blocks keep the serial loop short at B = 1024 (4
+# iterations); fixed sizes keep every constexpr independent of the batch, so one
+# compiled kernel serves every B, also under dynamic shapes.
+BLOCK_TOKENS = 32
+BLOCK_SCAN = 256
 # prepare_next_token_padded: K+1 columns read BLOCK_SAMPLED at a time.
 BLOCK_SAMPLED = 16
 

@@ -55,7 +55,7 @@ def spec_next_token(layout: SampledLayout):
     return next_ids, counts
 
 
-# Past one scan block (128 requests) and one token block (64 rows).
+# Past one scan block (256 requests) and one token block (32 rows).
 MANY_REQUESTS = RejectionLayout(
     query_lens=[(b % 5) + 1 if b % 7 else 40 for b in range(300)],
     num_draft_tokens=[(b % 5) if b % 7 else 0 for b in range(300)],
