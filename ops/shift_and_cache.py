@@ -398,7 +398,7 @@ def _shift_plan_op(
             query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens,
             shift, sample, new_seq_lens, new_cached_lens,
             num_reqs, positions.shape[-1],
-            MAX_SHIFT=max_shift, BLOCK=BLOCK_REQS,
+            MAX_SHIFT=int(max_shift), BLOCK=BLOCK_REQS,  # specializes a SymInt, as in the shift ops
         )  # fmt: skip
     return shift, sample, new_seq_lens, new_cached_lens
 
@@ -417,7 +417,9 @@ def _shift_and_cache_1d_op(
     if not use_triton(src):
         shift_and_cache_1d_reference(src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens)
         return
-    num_reqs, max_shift = cache.shape[-2], cache.shape[-1]
+    # MAX_SHIFT is a constexpr: under dynamic=True int() specializes on it (it is
+    # fixed per deployment), while B and T stay symbolic.
+    num_reqs, max_shift = cache.shape[-2], int(cache.shape[-1])
     num_rows = src.shape[0] if src.dim() == 2 else 1
     if num_reqs == 0:
         return
@@ -443,7 +445,7 @@ def _shift_and_cache_hidden_op(
     if not use_triton(src):
         shift_and_cache_hidden_reference(src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens)
         return
-    num_reqs, max_shift, hidden = cache.shape
+    num_reqs, max_shift, hidden = cache.shape[0], int(cache.shape[1]), cache.shape[2]
     if num_reqs == 0 or hidden == 0:
         return
     token_blocks = torch.sym_max(1, cdiv(max_query_len, BLOCK_TOKENS_HIDDEN))
