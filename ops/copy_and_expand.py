@@ -50,6 +50,8 @@ from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 # there while a prefill window spreads over several programs.
 BLOCK_TOKENS = 64
 NUM_WARPS = 2
+# Grid axis 1 is limited to 65535; programs stride over longer windows anyway.
+MAX_TOKEN_BLOCKS = 4096
 MAX_NEW_SLOTS = 64
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -259,7 +261,7 @@ def _copy_and_expand_op(
     mapping = torch.empty(num_in, dtype=query_start_loc.dtype, device=device)
     # Requests plus one tail program; the token-block count comes from the host-side
     # hint, never from the device.
-    token_blocks = torch.sym_max(1, cdiv(max_query_len + slots - shift, BLOCK_TOKENS))
+    token_blocks = torch.sym_min(torch.sym_max(1, cdiv(max_query_len + slots - shift, BLOCK_TOKENS)), MAX_TOKEN_BLOCKS)
     wrap_triton(_copy_and_expand_kernel)[(num_reqs + 1, token_blocks)](
         target_token_ids, target_positions, next_token_ids, query_start_loc,
         num_rejected_tokens if num_rejected_tokens is not None else query_start_loc,

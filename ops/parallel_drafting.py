@@ -34,6 +34,8 @@ from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 PADDING_SLOT_ID = -1
 BLOCK_TOKENS = 64
 NUM_WARPS = 2
+# Grid axis 1 is limited to 65535; programs stride over longer windows anyway.
+MAX_TOKEN_BLOCKS = 4096
 BLOCK_REQS = 1024
 
 
@@ -166,7 +168,7 @@ def _new_slot_mapping_op(
         )
     num_tokens, num_reqs = positions.shape[0], query_start_loc.shape[0] - 1
     slot_mapping = torch.empty(num_tokens, dtype=torch.int64, device=positions.device)
-    token_blocks = torch.sym_max(1, cdiv(max_query_len, BLOCK_TOKENS))
+    token_blocks = torch.sym_min(torch.sym_max(1, cdiv(max_query_len, BLOCK_TOKENS)), MAX_TOKEN_BLOCKS)
     has_rejected = is_rejected_token_mask is not None
     wrap_triton(_new_slot_mapping_kernel)[(num_reqs + 1, token_blocks)](
         positions, is_rejected_token_mask if has_rejected else positions, query_start_loc, block_table,
