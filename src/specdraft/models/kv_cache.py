@@ -73,10 +73,12 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     slots = slot_mapping.to(torch.int64)
     valid = (slots >= 0) & (slots < flat.shape[1])
     rows = torch.stack([key, value]).to(kv_cache.dtype)  # [2, T, heads, dim]
-    first = torch.argmax(valid.to(torch.int32))  # 0-d; 0 when no row is valid
+    # index_select with a [1] tensor, not slots[first]: a 0-d index would be read on
+    # the host (a data-dependent int under torch.compile).
+    first = torch.argmax(valid.to(torch.int32)).view(1)  # 0 when no row is valid
     any_valid = valid.any()
-    fallback_slot = torch.where(any_valid, slots[first], 0)
-    fallback_rows = torch.where(any_valid, rows[:, first], flat[:, 0])  # [2, heads, dim]
+    fallback_slot = torch.where(any_valid, slots.index_select(0, first), 0)  # [1]
+    fallback_rows = torch.where(any_valid, rows.index_select(1, first), flat[:, :1])  # [2, 1, heads, dim]
     index = torch.where(valid, slots, fallback_slot)
-    source = torch.where(valid[None, :, None, None], rows, fallback_rows[:, None])
+    source = torch.where(valid[None, :, None, None], rows, fallback_rows)
     flat.index_copy_(1, index, source)
