@@ -179,6 +179,8 @@ def test_load_eagle3_published_layout(tmp_path):
     for name, value in t.items():
         torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
     assert model.missing_weights == {"embed_tokens"}
+    without_t2d = load_draft_model(write_folder(tmp_path / "no_t2d", hf, {k: v for k, v in t.items() if k != "t2d"}))
+    assert without_t2d.t2d.tolist() == t["t2d"].tolist()
     assert model.map_draft_to_target(torch.tensor([0, 5, 11])).tolist() == [0, 15, 33]
     model.share_from(TinyTargetModel(model.config))
     ids, pos, md = tiny_batch()

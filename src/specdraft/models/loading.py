@@ -5,7 +5,8 @@
   optional layers.0.input_layernorm / norm / embed_tokens / lm_head;
 - EAGLE-3 ("eagle3"): fc.weight [H, 3 * target_hidden], midlayer.* (with
   midlayer.hidden_norm), norm.weight, lm_head.weight [draft_vocab, H], d2t
-  [draft_vocab] (target id = draft id + d2t[draft id]), t2d [vocab] bool;
+  [draft_vocab] (target id = draft id + d2t[draft id]), t2d [vocab] bool (optional:
+  derived from d2t when absent);
 - MTP ("mtp"): layers.K.{enorm, hnorm, eh_proj, self_attn, mlp, shared_head.norm,
   shared_head.head?} (DeepSeek numbers MTP layers after the target's; they are
   renumbered from 0), embed_tokens / lm_head optional.
@@ -235,6 +236,8 @@ def fill_state(model: DraftHead, tensors: dict[str, torch.Tensor], strict: bool 
                 continue
             if name in ("d2t", "t2d") and model.config.draft_vocab_size == model.config.vocab_size:
                 continue  # no vocabulary map: the identity defaults stand
+            if name == "t2d":
+                continue  # derived from d2t below (vLLM does not read t2d either)
             raise ValueError(f"tensor {name!r} is missing from the checkpoint")
         got = tensors[name]
         if tuple(got.shape) != tuple(want.shape):
@@ -252,6 +255,9 @@ def fill_state(model: DraftHead, tensors: dict[str, torch.Tensor], strict: bool 
         )
     if isinstance(model, Eagle3Head):
         _check_d2t(model)
+        if "t2d" not in tensors and model.config.draft_vocab_size != model.config.vocab_size:
+            with torch.no_grad():
+                model.t2d.zero_().index_fill_(0, model.draft_token_target_ids(), True)
     model.missing_weights = frozenset(missing_shareable)
 
 
