@@ -1,0 +1,86 @@
+"""Speculative settings and the per-call batch description the proposers take."""
+
+from dataclasses import dataclass
+
+import torch
+
+METHODS = ("eagle", "eagle3", "mtp")
+DRAFT_SAMPLING = ("greedy", "probabilistic")
+PROBS_KINDS = (None, "probs", "logits")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """What a proposer drafts and how. Checked on construction: a ValueError names
+    the field.
+
+    method: "eagle" | "eagle3" | "mtp" (the head's family; EAGLE-3 fuses aux hidden
+        states, MTP chooses its layer by the draft step).
+    num_speculative_tokens: K >= 1 draft tokens per request.
+    max_model_len: positions at or past it are clamped (position 0, PAD slot).
+    block_size: KV-cache block size of the draft's layers.
+    draft_sampling: "greedy" (argmax) or "probabilistic" (seeded Gumbel-max with
+        each request's temperature; temperature 0 rows stay greedy).
+    return_probs: None, "probs" (softmax(logits / T) per step, what rejection
+        sampling needs) or "logits" (logits / T): an extra [B, K, V] fp32 output.
+    parallel_drafting / parallel_drafting_token_id: draft all K tokens in one pass
+        (the K - 1 extra slots carry this token id).
+    salt: keeps the draft noise stream apart from the target's.
+    """
+
+    method: str = "eagle"
+    num_speculative_tokens: int = 3
+    max_model_len: int = 2048
+    block_size: int = 16
+    draft_sampling: str = "greedy"
+    return_probs: str | None = None
+    parallel_drafting: bool = False
+    parallel_drafting_token_id: int | None = None
+    salt: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "max_model_len", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {self.draft_sampling!r}")
+        if self.return_probs not in PROBS_KINDS:
+            raise ValueError(f"return_probs must be one of {PROBS_KINDS}, got {self.return_probs!r}")
+        if self.parallel_drafting and self.parallel_drafting_token_id is None:
+            raise ValueError("parallel_drafting_token_id must be set when parallel_drafting is on")
+        if not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
+            raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
+
+
+@dataclass
+class BatchMetadata:
+    """The batch the draft's first pass runs on, as the engine has it.
+
+    query_start_loc [B+1] int32; seq_lens [B] int32 (each request's length
+    including this pass's tokens); block_table [B, max_blocks] int32; slot_mapping
+    [T] int64 (PAD = -1 writes nothing). max_query_len / max_seq_len: Python-int
+    upper bounds (they size static shapes; no .item() anywhere). B and T come from
+    the shapes.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request draft sampling: temperature [B] fp32 (0 = greedy), seeds [B] int64."""
+
+    temperature: torch.Tensor
+    seeds: torch.Tensor
