@@ -188,7 +188,9 @@ class Proposer:
             block_size=self.config.block_size,
             max_model_len=self.config.max_model_len,
         )
-        state.max_seq_len = min(state.max_seq_len + 1, self.config.max_model_len)
+        # A static bound (a Python int or SymInt), never read from the device.
+        reach = metadata.block_table.shape[1] * self.config.block_size
+        state.max_seq_len = torch.sym_min(torch.sym_min(state.max_seq_len + 1, self.config.max_model_len), reach)
 
     def step_metadata(self, state: StepState, metadata: BatchMetadata) -> BatchMetadata:
         num_reqs = metadata.num_reqs
