@@ -4,6 +4,7 @@ reference. This package imports torch and triton only."""
 
 from ._triton import HAS_TRITON
 from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
+from .draft_sample import draft_sample, noise_uniform
 from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
 from .prepare_inputs import (
     EagleInputs,
@@ -13,6 +14,7 @@ from .prepare_inputs import (
     prepare_inputs_padded,
     prepare_next_token_padded,
 )
+from .rejection_sample import rejection_sample
 from .shift_and_cache import (
     MAX_SHIFT_LIMIT,
     ShiftPlan,
@@ -44,4 +46,8 @@ __all__ = [
     "copy_and_expand_inputs",
     "extend_queries_by_n",
     "new_slot_mapping",
+    # sampling
+    "draft_sample",
+    "noise_uniform",
+    "rejection_sample",
 ]

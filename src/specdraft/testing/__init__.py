@@ -14,6 +14,12 @@ from specdraft.testing.batch import (
 )
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.expand import ExpandLayout, expand_layouts
+from specdraft.testing.sampling import (
+    SamplingBatch,
+    check_draft_sample_values,
+    check_rejection_sample_values,
+    sampling_batches,
+)
 from specdraft.testing.shift_and_cache import (
     ShiftLayout,
     check_shift_and_cache_values,
@@ -38,4 +44,9 @@ __all__ = [
     # parallel drafting (copy_and_expand_inputs, new_slot_mapping)
     "ExpandLayout",
     "expand_layouts",
+    # sampling (draft_sample, rejection_sample)
+    "SamplingBatch",
+    "check_draft_sample_values",
+    "check_rejection_sample_values",
+    "sampling_batches",
 ]

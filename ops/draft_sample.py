@@ -1,0 +1,555 @@
+"""Draft-token sampling (references 002, 004) and the counter-based noise that
+rejection sampling shares with it.
+
+Each request b samples one token from logits[b] [V]:
+- temperature[b] == 0 (or below): greedy, argmax with the first index on ties;
+- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log(-log u).
+
+The noise. u is not drawn from a device RNG: it is a pure function of
+(seed, position, token index, salt, stream), so the same request samples the same
+token on CPU and CUDA, under CUDA-graph replay, and whatever the batch holds. The
+function (uint32 arithmetic, written twice side by side below, Triton and torch):
+
+    fmix(x)      = murmur3 finaliser: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
+                   x *= 0xC2B2AE35; x ^= x >> 16                 (all mod 2**32)
+    absorb(k, w) = fmix((k ^ w) + 0x9E3779B9)
+    salt_key     = absorb(absorb(0x243F6A88, salt), stream)     (host, Python ints)
+    row_key      = absorb(absorb(absorb(absorb(salt_key, seed_lo), seed_hi), pos_lo), pos_hi)
+    bits(token)  = fmix(token * 0x9E3779B9 + row_key)
+    u            = ((bits >> 9) + 0.5) * 2**-23                  (exact in fp32, never 0 or 1)
+
+23 bits, not 24: ((bits >> 8) + 0.5) * 2**-24 can be 1 - 2**-25, which rounds to
+1.0 in fp32 and makes the Gumbel noise -log(-log 1) = +inf.
+
+seed/position are int64 split into 32-bit words (two's complement). In torch the
+uint32 values live in int64 tensors; products are split into 16-bit halves so no
+int64 product overflows, which makes both sides bit-identical. `stream` separates
+the uses: draft sampling (0), acceptance tests (1) and recovered / bonus tokens (2)
+of rejection sampling, so they stay independent at the same position.
+
+Unlike vLLM's `compute_probs_and_sample_next_token` (reference 002), which ignores
+seeds, draws exponentials from the global RNG and materialises probs / q for the
+argmax, the kernels here stream the vocabulary in blocks: online argmax, online
+softmax, no [B, V] temporaries. Each row is split across programs (CHUNK_V tokens
+each) so that small batches still fill the GPU; a second tiny pass combines the
+per-program partials and, if asked, writes the probabilities.
+
+The optional buffer write stores this step's processed logits (logits / T) or
+probabilities softmax(logits / T) into out[:, step, :], with `step` a device scalar
+read by the kernel, so one CUDA graph replays every draft step. Greedy rows use
+T = 1 for what they store. A step outside [0, K) writes nothing.
+"""
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from ._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_distinct,
+    check_dtype,
+    check_int_range,
+    check_rank,
+    check_same_device,
+    check_shape,
+)
+from ._triton import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
+
+if TRITON_INTERPRET:
+    # The interpreter emulates every lane of a block in NumPy: small blocks keep
+    # its lane fast and make small test vocabularies span several blocks and chunks.
+    BLOCK_V, CHUNK_V = 16, 64
+else:
+    BLOCK_V = 2048  # tokens per loop iteration of one program
+    CHUNK_V = 8192  # tokens per program; a 152k vocab row spreads over 19 programs
+SPLIT_BLOCK = 32  # partials combined per iteration of the combining loops
+NUM_WARPS = 8
+
+STREAM_DRAFT = 0
+STREAM_ACCEPT = 1
+STREAM_SAMPLE = 2
+SALT_LIMIT = 2**31
+
+_MASK32 = 0xFFFFFFFF
+
+
+# ----------------------------------------------------------- the noise, host side
+
+
+def _fmix32_int(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def salt_key(salt: int, stream: int) -> int:
+    """The per-call part of the row key, folded on the host (a Python int)."""
+    key = 0x243F6A88
+    for word in (salt & _MASK32, stream & _MASK32):
+        key = _fmix32_int(((key ^ word) + 0x9E3779B9) & _MASK32)
+    return key
+
+
+# ------------------------------------------------------ the noise, Triton | torch
+
+
+@triton.jit
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+def _mul32_torch(x: torch.Tensor, c: int) -> torch.Tensor:
+    # (x * c) mod 2**32 with x < 2**32: 16-bit halves of c keep products below 2**48.
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32_torch(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32_torch(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32_torch(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _absorb(key, word):
+    return _fmix32((key ^ word) + 0x9E3779B9)
+
+
+def _absorb_torch(key: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
+    return _fmix32_torch(((key ^ word) + 0x9E3779B9) & _MASK32)
+
+
+@triton.jit
+def _row_key(seed, position, SALT_KEY: tl.constexpr):
+    seed = seed.to(tl.int64)
+    position = position.to(tl.int64)
+    key = tl.full([], SALT_KEY, tl.uint32)
+    key = _absorb(key, seed.to(tl.uint32))  # truncation: the low word
+    key = _absorb(key, (seed >> 32).to(tl.uint32))
+    key = _absorb(key, position.to(tl.uint32))
+    return _absorb(key, (position >> 32).to(tl.uint32))
+
+
+def row_key_torch(seeds: torch.Tensor, positions: torch.Tensor, key: int) -> torch.Tensor:
+    seeds, positions = seeds.long(), positions.long()
+    out = torch.full_like(seeds, key)
+    out = _absorb_torch(out, seeds & _MASK32)
+    out = _absorb_torch(out, (seeds >> 32) & _MASK32)
+    out = _absorb_torch(out, positions & _MASK32)
+    return _absorb_torch(out, (positions >> 32) & _MASK32)
+
+
+@triton.jit
+def _noise_bits(key, token):
+    return _fmix32(token.to(tl.uint32) * 0x9E3779B9 + key)
+
+
+def noise_bits_torch(key: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    return _fmix32_torch((_mul32_torch(token.long(), 0x9E3779B9) + key) & _MASK32)
+
+
+@triton.jit
+def _uniform(bits):
+    return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+
+def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
+    return ((bits >> 9).to(torch.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def _exponential(bits):
+    return -tl.log(_uniform(bits))
+
+
+def exponential_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log(uniform_torch(bits))
+
+
+@triton.jit
+def _gumbel(bits):
+    return -tl.log(_exponential(bits))
+
+
+def gumbel_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log(exponential_torch(bits))
+
+
+# ------------------------------------------------ block-wise reductions (shared)
+
+
+@triton.jit
+def _argmax_update(best, best_idx, keys, offset):
+    """Fold one block into a running (max, first index of the max)."""
+    block_best, block_idx = tl.max(keys, 0, return_indices=True, return_indices_tie_break_left=True)
+    better = block_best > best  # strict: an earlier index keeps a tie
+    return tl.where(better, block_best, best), tl.where(better, offset + block_idx, best_idx)
+
+
+@triton.jit
+def _softmax_update(run_max, run_sum, z):
+    """Online softmax statistics; rows of -inf so far contribute nothing."""
+    new_max = tl.maximum(run_max, tl.max(z, 0))
+    safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(z - safe), 0)
+    return new_max, run_sum
+
+
+@triton.jit
+def _combine_argmax(key_ptr, idx_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
+    """Global (max, first index) from per-program partials ordered by token range."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = tl.full([], 0, tl.int32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        offs = s0 + tl.arange(0, SPLIT_BLOCK)
+        mask = offs < num_splits
+        keys = tl.load(key_ptr + offs, mask=mask, other=float("-inf"))
+        idxs = tl.load(idx_ptr + offs, mask=mask, other=2147483647)
+        block_best = tl.max(keys, 0)
+        block_idx = tl.min(tl.where(mask & (keys == block_best), idxs, 2147483647), 0)
+        better = block_best > best
+        best = tl.where(better, block_best, best)
+        best_idx = tl.where(better, block_idx, best_idx)
+    return best, best_idx
+
+
+@triton.jit
+def _combine_softmax(max_ptr, sum_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.full([], 0.0, tl.float32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        offs = s0 + tl.arange(0, SPLIT_BLOCK)
+        mask = offs < num_splits
+        maxes = tl.load(max_ptr + offs, mask=mask, other=float("-inf"))
+        sums = tl.load(sum_ptr + offs, mask=mask, other=0.0)
+        new_max = tl.maximum(run_max, tl.max(maxes, 0))
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(sums * tl.exp(maxes - safe), 0)
+        run_max = new_max
+    return run_max, run_sum
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _draft_partials_kernel(
+    logits_ptr,
+    temperature_ptr,
+    seeds_ptr,
+    positions_ptr,
+    out_ptr,
+    step_ptr,
+    part_key_ptr,
+    part_idx_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    vocab,
+    num_splits,
+    num_steps,
+    SALT_KEY: tl.constexpr,
+    WRITE: tl.constexpr,  # 0: nothing, 1: probs (stats here, values in pass 2), 2: logits
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temp = tl.load(temperature_ptr + row).to(tl.float32)
+    greedy = temp <= 0
+    scale = tl.where(greedy, 1.0, temp)
+    key = _row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
+    row_ptr = logits_ptr + row * vocab
+    if WRITE == 2:
+        step = tl.load(step_ptr).to(tl.int64)
+        # A step outside [0, K) stores nothing: every store index fails idx < 0.
+        out_limit = tl.where((step >= 0) & (step < num_steps), vocab, 0)
+        out_row = out_ptr + (row * num_steps + step) * vocab
+
+    start = split * CHUNK
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = start
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.full([], 0.0, tl.float32)
+    for off in range(start, tl.minimum(start + CHUNK, vocab), BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        mask = idx < vocab
+        z = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / scale
+        if greedy:
+            keys = z
+        else:
+            keys = z + _gumbel(_noise_bits(key, idx))
+        best, best_idx = _argmax_update(best, best_idx, keys, off)
+        if WRITE == 1:
+            run_max, run_sum = _softmax_update(run_max, run_sum, z)
+        if WRITE == 2:
+            tl.store(out_row + idx, z, mask=idx < out_limit)
+
+    part = row * num_splits + split
+    tl.store(part_key_ptr + part, best)
+    tl.store(part_idx_ptr + part, best_idx)
+    if WRITE == 1:
+        tl.store(part_max_ptr + part, run_max)
+        tl.store(part_sum_ptr + part, run_sum)
+
+
+@triton.jit
+def _draft_finish_kernel(
+    logits_ptr,
+    temperature_ptr,
+    tokens_ptr,
+    out_ptr,
+    step_ptr,
+    part_key_ptr,
+    part_idx_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    vocab,
+    num_splits,
+    num_steps,
+    WRITE_PROBS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    parts = row * num_splits
+    if split == 0:
+        _, token = _combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        tl.store(tokens_ptr + row, token)
+    if WRITE_PROBS:
+        step = tl.load(step_ptr).to(tl.int64)
+        # A step outside [0, K) stores nothing: every store index fails idx < 0.
+        out_limit = tl.where((step >= 0) & (step < num_steps), vocab, 0)
+        out_row = out_ptr + (row * num_steps + step) * vocab
+        run_max, run_sum = _combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+        temp = tl.load(temperature_ptr + row).to(tl.float32)
+        scale = tl.where(temp <= 0, 1.0, temp)
+        row_ptr = logits_ptr + row * vocab
+        for off in range(split * CHUNK, tl.minimum(split * CHUNK + CHUNK, vocab), BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < vocab
+            z = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / scale
+            tl.store(out_row + idx, tl.exp(z - run_max) / run_sum, mask=idx < out_limit)
+
+
+@triton.jit
+def _noise_bits_kernel(seeds_ptr, positions_ptr, bits_ptr, vocab, SALT_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    key = _row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
+    tl.store(bits_ptr + row * vocab + idx, _noise_bits(key, idx).to(tl.int64), mask=idx < vocab)
+
+
+# ------------------------------------------------------------------------ references
+
+
+def _scaled_logits(logits: torch.Tensor, temperature: torch.Tensor):
+    """(logits / T in fp32, greedy mask); greedy rows are divided by 1."""
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    return logits.float() / scale[:, None], greedy
+
+
+def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0) -> torch.Tensor:
+    z, greedy = _scaled_logits(logits, temperature)
+    token = torch.arange(logits.shape[-1], device=logits.device)
+    bits = noise_bits_torch(row_key_torch(seeds, positions, salt_key(salt, STREAM_DRAFT))[:, None], token)
+    keys = torch.where(greedy[:, None], z, z + gumbel_torch(bits))
+    return keys.argmax(-1).to(torch.int32)
+
+
+def store_step_reference(out: torch.Tensor, step: torch.Tensor, values: torch.Tensor) -> None:
+    """out[:, step] = values when 0 <= step < K, else nothing; no host sync."""
+    num_steps = out.shape[1]
+    valid = (step >= 0) & (step < num_steps)
+    index = step.long().clamp(0, num_steps - 1).reshape(1)
+    current = out.index_select(1, index)
+    out.index_copy_(1, index, torch.where(valid, values.unsqueeze(1).to(out.dtype), current))
+
+
+def draft_sample_store_reference(logits, temperature, seeds, positions, out, step, salt: int, write_probs: bool):
+    tokens = draft_sample_reference(logits, temperature, seeds, positions, salt)
+    z, _ = _scaled_logits(logits, temperature)
+    store_step_reference(out, step, torch.softmax(z, -1) if write_probs else z)
+    return tokens
+
+
+def noise_bits_reference(seeds, positions, vocab: int, salt: int, stream: int) -> torch.Tensor:
+    token = torch.arange(vocab, device=seeds.device)
+    return noise_bits_torch(row_key_torch(seeds, positions, salt_key(salt, stream))[:, None], token)
+
+
+# -------------------------------------------------------------------------- the ops
+
+
+def _partials(num_reqs: int, num_splits, device, with_softmax: bool):
+    key = torch.empty((num_reqs, num_splits), dtype=torch.float32, device=device)
+    idx = torch.empty((num_reqs, num_splits), dtype=torch.int32, device=device)
+    if not with_softmax:
+        return key, idx, key, key  # unused pointers
+    return key, idx, torch.empty_like(key), torch.empty_like(key)
+
+
+def _launch_draft(logits, temperature, seeds, positions, out, step, salt: int, write: int) -> torch.Tensor:
+    num_reqs, vocab = logits.shape
+    tokens = torch.empty((num_reqs,), dtype=torch.int32, device=logits.device)
+    if num_reqs == 0:
+        return tokens
+    num_splits = cdiv(vocab, CHUNK_V)
+    part_key, part_idx, part_max, part_sum = _partials(num_reqs, num_splits, logits.device, write == 1)
+    out_ptr = logits if out is None else out
+    step_ptr = seeds if step is None else step
+    num_steps = 1 if out is None else out.shape[1]
+    wrap_triton(_draft_partials_kernel)[(num_reqs, num_splits)](
+        logits, temperature, seeds, positions, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
+        vocab, num_splits, num_steps,
+        SALT_KEY=salt_key(salt, STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=BLOCK_V, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    wrap_triton(_draft_finish_kernel)[(num_reqs, num_splits if write == 1 else 1)](
+        logits, temperature, tokens, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
+        vocab, num_splits, num_steps,
+        WRITE_PROBS=write == 1, CHUNK=CHUNK_V, BLOCK=BLOCK_V, SPLIT_BLOCK=SPLIT_BLOCK, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return tokens
+
+
+@triton_op(f"{NAMESPACE}::draft_sample", mutates_args=())
+def _draft_sample_op(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    salt: int,
+) -> torch.Tensor:
+    if not use_triton(logits):
+        return draft_sample_reference(logits, temperature, seeds, positions, salt)
+    return _launch_draft(logits, temperature, seeds, positions, None, None, salt, 0)
+
+
+@triton_op(f"{NAMESPACE}::draft_sample_store", mutates_args=("out",))
+def _draft_sample_store_op(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+    step: torch.Tensor,
+    salt: int,
+    write_probs: bool,
+) -> torch.Tensor:
+    if not use_triton(logits):
+        return draft_sample_store_reference(logits, temperature, seeds, positions, out, step, salt, write_probs)
+    return _launch_draft(logits, temperature, seeds, positions, out, step, salt, 1 if write_probs else 2)
+
+
+@triton_op(f"{NAMESPACE}::noise_bits", mutates_args=())
+def _noise_bits_op(seeds: torch.Tensor, positions: torch.Tensor, vocab: int, salt: int, stream: int) -> torch.Tensor:
+    if not use_triton(seeds):
+        return noise_bits_reference(seeds, positions, vocab, salt, stream)
+    bits = torch.empty((seeds.shape[0], vocab), dtype=torch.int64, device=seeds.device)
+    if seeds.shape[0] > 0 and vocab > 0:
+        wrap_triton(_noise_bits_kernel)[(seeds.shape[0], cdiv(vocab, BLOCK_V))](
+            seeds, positions, bits, vocab, SALT_KEY=salt_key(salt, stream), BLOCK=BLOCK_V
+        )
+    return bits
+
+
+# ---------------------------------------------------------------- public wrappers
+
+
+def check_request_params(num_reqs: int, temperature, seeds, positions) -> None:
+    """temperature fp32 [B]; seeds, positions int32/int64 [B]."""
+    check_dtype("temperature", temperature, (torch.float32,))
+    check_shape("temperature", temperature, (num_reqs,))
+    for name, tensor in (("seeds", seeds), ("positions", positions)):
+        check_dtype(name, tensor, INDEX_DTYPES)
+        check_shape(name, tensor, (num_reqs,))
+        check_contiguous(name, tensor)
+    check_contiguous("temperature", temperature)
+
+
+def check_salt(salt: int) -> None:
+    check_int_range("salt", salt, 0, SALT_LIMIT - 1)
+
+
+def draft_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    salt: int = 0,
+    probs_out: torch.Tensor | None = None,
+    step: torch.Tensor | None = None,
+    write: str = "probs",
+) -> torch.Tensor:
+    """Sample one draft token per request; returns token ids [B] int32.
+
+    logits [B, V] (fp32 / bf16 / fp16, contiguous); temperature [B] fp32: 0 means
+    greedy (argmax, first index on ties), T > 0 samples softmax(logits / T) by
+    Gumbel-max with noise from the counter-based hash of (seeds[b], positions[b],
+    token, salt) — the same token on CPU and CUDA (up to float near-ties).
+    Negative temperatures are a contract violation (`check_draft_sample_values`
+    in specdraft.testing finds them); the op treats them as greedy.
+
+    probs_out [B, K, V] fp32 with step (0-dim int tensor on the device): also
+    store this step's softmax(logits / T) (write="probs") or logits / T
+    (write="logits") into probs_out[:, step, :]; greedy rows store with T = 1.
+    """
+    check_dtype("logits", logits, FLOAT_DTYPES)
+    check_rank("logits", logits, 2)
+    check_contiguous("logits", logits)
+    num_reqs, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"logits must have a vocabulary of at least 1 token, got shape {tuple(logits.shape)}")
+    check_request_params(num_reqs, temperature, seeds, positions)
+    check_salt(salt)
+    tensors = {"logits": logits, "temperature": temperature, "seeds": seeds, "positions": positions}
+    if probs_out is None:
+        if step is not None:
+            raise ValueError("step is only used with probs_out; pass probs_out too")
+        check_same_device(tensors)
+        return _draft_sample_op(logits, temperature, seeds, positions, salt)
+
+    if write not in ("probs", "logits"):
+        raise ValueError(f"write must be 'probs' or 'logits', got {write!r}")
+    check_dtype("probs_out", probs_out, (torch.float32,))
+    check_rank("probs_out", probs_out, 3)
+    check_contiguous("probs_out", probs_out)
+    check_distinct("probs_out", probs_out, "logits", logits)
+    if probs_out.shape[0] != num_reqs or probs_out.shape[2] != vocab:
+        raise ValueError(f"probs_out must have shape ({num_reqs}, K, {vocab}), got {tuple(probs_out.shape)}")
+    if probs_out.shape[1] < 1:
+        raise ValueError(f"probs_out must hold K >= 1 steps, got shape {tuple(probs_out.shape)}")
+    if step is None:
+        raise ValueError("step (a 0-dim int tensor on the device) is required with probs_out")
+    check_dtype("step", step, INDEX_DTYPES)
+    check_rank("step", step, 0)
+    check_same_device({**tensors, "probs_out": probs_out, "step": step})
+    return _draft_sample_store_op(logits, temperature, seeds, positions, probs_out, step, salt, write == "probs")
+
+
+def noise_uniform(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab: int, *, salt: int = 0, stream: int = STREAM_DRAFT
+) -> torch.Tensor:
+    """The uniforms u [B, vocab] (fp32, in (0, 1)) that the samplers draw for
+    (seeds[b], positions[b], token, salt, stream): for tests and for users who
+    want to reproduce a draw. The hash runs in Triton on CUDA, in torch on CPU."""
+    check_dtype("seeds", seeds, INDEX_DTYPES)
+    check_rank("seeds", seeds, 1)
+    check_dtype("positions", positions, INDEX_DTYPES)
+    check_shape("positions", positions, tuple(seeds.shape))
+    check_int_range("vocab", vocab, 0)
+    check_salt(salt)
+    check_int_range("stream", stream, 0, STREAM_SAMPLE)
+    check_same_device({"seeds": seeds, "positions": positions})
+    return uniform_torch(_noise_bits_op(seeds.contiguous(), positions.contiguous(), vocab, salt, stream))
