@@ -1,0 +1,221 @@
+"""MTP proposer whose draft layers live in several KV-cache groups (reference 003,
+Step3.5): each group has its own block table, slot mapping and block size.
+
+The loop is the shared one (Proposer): a first pass over the target tokens with
+layer 0, then K - 1 single-token steps, step k with layer k % n_predict (MTPHead
+chooses it; with per_layer_lm_head=True each layer has its own lm_head). What
+differs is only where each layer's KV lives:
+
+- the batch carries one block table and one slot mapping per group
+  (`GroupedBatchMetadata`), and each layer gets attention metadata built from its
+  group's (a list indexed by layer, which the heads accept);
+- every draft step recomputes every group's slot mapping: one `step_metadata` call
+  per group with that group's block table and block size. The running positions and
+  seq_lens advance once (group 0's call); the other groups' calls work on copies and
+  contribute only their slots.
+
+Unlike the reference, which recomputes the other groups' slots with the primary
+group's block size, each group uses its own; the step loop has no host sync.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdraft.config import BatchMetadata, SpeculativeConfig
+from specdraft.models.attention import AttentionMetadata
+from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
+from specdraft.ops.step_metadata import step_metadata
+from specdraft.proposers.base import DraftOutput, FirstPass, StepState
+from specdraft.proposers.eagle import EagleProposer
+
+PADDING_SLOT_ID = -1
+
+
+@dataclass
+class GroupedBatchMetadata(BatchMetadata):
+    """BatchMetadata with one block table and slot mapping per KV-cache group.
+
+    block_tables[g] [B, max_blocks_g] int32 and slot_mappings[g] [T] int64: group g's.
+    The inherited block_table / slot_mapping are group 0's (what code that knows one
+    group reads). Build with `from_groups`.
+    """
+
+    block_tables: list[torch.Tensor] = field(default_factory=list)
+    slot_mappings: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def from_groups(
+        cls,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: list[torch.Tensor],
+        slot_mappings: list[torch.Tensor],
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> "GroupedBatchMetadata":
+        if len(block_tables) < 1 or len(block_tables) != len(slot_mappings):
+            raise ValueError(
+                f"block_tables and slot_mappings must hold one entry per group (>= 1), "
+                f"got {len(block_tables)} and {len(slot_mappings)}"
+            )
+        return cls(
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_table=block_tables[0],
+            slot_mapping=slot_mappings[0],
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            block_tables=list(block_tables),
+            slot_mappings=list(slot_mappings),
+        )
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.block_tables)
+
+
+@dataclass
+class GroupedStepState(StepState):
+    group_slot_mappings: list[torch.Tensor] = field(default_factory=list)  # [B] int64 per group
+
+
+class MultiGroupMTPProposer(EagleProposer):
+    """MTP head (n_predict layers) whose layer i keeps its KV in group layer_groups[i].
+
+    layer_groups: the group of each draft layer (len = model.num_kv_layers; groups
+    are numbered 0 .. G-1). block_sizes: block size of each group (len G); kv_caches[i]
+    must have block size block_sizes[layer_groups[i]]. config.block_size is not used.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: SpeculativeConfig,
+        kv_caches: list[torch.Tensor],
+        *,
+        layer_groups: list[int],
+        block_sizes: list[int],
+    ) -> None:
+        super().__init__(model, config, kv_caches)
+        if config.method != "mtp":
+            raise ValueError(f"method must be 'mtp' for the multi-group MTP proposer, got {config.method!r}")
+        if config.parallel_drafting:
+            raise ValueError("parallel_drafting is not supported by the multi-group proposer")
+        num_groups = len(block_sizes)
+        if num_groups < 1:
+            raise ValueError("block_sizes must hold one block size per group (at least one)")
+        for g, size in enumerate(block_sizes):
+            check_int_range(f"block_sizes[{g}]", size, 1)
+        if len(layer_groups) != len(kv_caches):
+            raise ValueError(f"layer_groups must name a group for each of the {len(kv_caches)} draft layers")
+        for i, g in enumerate(layer_groups):
+            check_int_range(f"layer_groups[{i}]", g, 0, num_groups - 1)
+            if kv_caches[i].dim() != 5 or kv_caches[i].shape[2] != block_sizes[g]:
+                raise ValueError(
+                    f"kv_caches[{i}] must have block size {block_sizes[g]} (group {g}), "
+                    f"got shape {tuple(kv_caches[i].shape)}"
+                )
+        self.layer_groups = list(layer_groups)
+        self.block_sizes = list(block_sizes)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.block_sizes)
+
+    def propose_unpadded(self, *args, **kwargs) -> DraftOutput:
+        raise NotImplementedError("the multi-group proposer takes the padded path (propose / propose_padded)")
+
+    # ------------------------------------------------------------------- steps
+
+    def first_step_state(self, first: FirstPass, index: torch.Tensor, hidden: torch.Tensor) -> StepState:
+        base = super().first_step_state(first, index, hidden)
+        pads = [torch.full_like(base.slot_mapping, PADDING_SLOT_ID) for _ in range(self.num_groups)]
+        return GroupedStepState(
+            positions=base.positions,
+            clamped_positions=base.clamped_positions,
+            seq_lens=base.seq_lens,
+            slot_mapping=base.slot_mapping,
+            hidden_states=base.hidden_states,
+            max_seq_len=base.max_seq_len,
+            group_slot_mappings=pads,
+        )
+
+    def advance(self, state: GroupedStepState, metadata: GroupedBatchMetadata) -> None:
+        """positions + 1 once; every group's slot from its own block table and size."""
+        max_model_len = self.config.max_model_len
+        # Groups 1.. first, on copies: they must see the positions before the step.
+        for g in range(1, self.num_groups):
+            step_metadata(
+                state.positions.clone(),
+                state.seq_lens.clone(),
+                metadata.block_tables[g],
+                state.group_slot_mappings[g],
+                torch.empty_like(state.positions),
+                block_size=self.block_sizes[g],
+                max_model_len=max_model_len,
+            )
+        state.clamped_positions = torch.empty_like(state.positions)
+        step_metadata(
+            state.positions,
+            state.seq_lens,
+            metadata.block_tables[0],
+            state.group_slot_mappings[0],
+            state.clamped_positions,
+            block_size=self.block_sizes[0],
+            max_model_len=max_model_len,
+        )
+        state.slot_mapping = state.group_slot_mappings[0]
+        # Each group's block-table reach caps its own layers (attention_metadata).
+        state.max_seq_len = torch.sym_min(state.max_seq_len + 1, max_model_len)
+
+    def step_metadata(self, state: GroupedStepState, metadata: GroupedBatchMetadata) -> GroupedBatchMetadata:
+        num_reqs = metadata.num_reqs
+        return GroupedBatchMetadata.from_groups(
+            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=state.seq_lens.device),
+            seq_lens=state.seq_lens,
+            block_tables=metadata.block_tables,
+            slot_mappings=state.group_slot_mappings,
+            max_query_len=1,
+            max_seq_len=state.max_seq_len,
+        )
+
+    def attention_metadata(self, metadata: GroupedBatchMetadata) -> list[AttentionMetadata]:
+        """One AttentionMetadata per group, listed per layer."""
+        per_group = []
+        for g in range(self.num_groups):
+            table = metadata.block_tables[g]
+            reach = table.shape[1] * self.block_sizes[g]
+            per_group.append(
+                AttentionMetadata(
+                    query_start_loc=metadata.query_start_loc,
+                    seq_lens=metadata.seq_lens,
+                    block_table=table,
+                    slot_mapping=metadata.slot_mappings[g],
+                    max_query_len=metadata.max_query_len,
+                    max_seq_len=torch.sym_min(metadata.max_seq_len, reach),
+                )
+            )
+        return [per_group[g] for g in self.layer_groups]
+
+    # ------------------------------------------------------------------ checks
+
+    def check_inputs(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata):
+        super().check_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        if not isinstance(metadata, GroupedBatchMetadata):
+            raise ValueError(f"metadata must be a GroupedBatchMetadata, got {type(metadata).__name__}")
+        if metadata.num_groups != self.num_groups or len(metadata.slot_mappings) != self.num_groups:
+            raise ValueError(
+                f"metadata must hold {self.num_groups} block tables and slot mappings (one per group), "
+                f"got {metadata.num_groups} and {len(metadata.slot_mappings)}"
+            )
+        num_reqs, num_tokens = metadata.num_reqs, target_token_ids.shape[0]
+        for g in range(self.num_groups):
+            table = metadata.block_tables[g]
+            check_dtype(f"block_tables[{g}]", table, INDEX_DTYPES)
+            if table.dim() != 2 or table.shape[0] != num_reqs or table.shape[1] < 1:
+                raise ValueError(
+                    f"block_tables[{g}] must have shape ({num_reqs}, max_blocks), got {tuple(table.shape)}"
+                )
+            check_dtype(f"slot_mappings[{g}]", metadata.slot_mappings[g], INDEX_DTYPES)
+            check_shape(f"slot_mappings[{g}]", metadata.slot_mappings[g], (num_tokens,))

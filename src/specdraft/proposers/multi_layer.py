@@ -1,0 +1,229 @@
+"""Multi-layer EAGLE (chained MTP) proposer, reference 000.
+
+The draft has n_predict MTP layers and drafts exactly n_predict tokens: pass k
+(k = 0 .. n_predict - 1) runs layer k over the *whole* window, as the reference's
+`dummy_run` does (every `spec_step_idx` forward takes all `num_input_tokens`):
+
+    pass 0: ids_0 = shift_by_one(window ids), next token at the sample index
+    pass k: ids_k = shift_by_one(ids_{k-1}), draft token k-1 at the sample index
+            hidden_k = pass k-1's output hidden states (all rows)
+            positions, slot mapping, seq_lens: those of pass 0, unchanged
+
+so layer k at position p reads the token at p + k + 1 and layer k-1's hidden state at
+p, and every layer writes its own KV for the whole window. Draft token k is sampled
+from the sample row of pass k.
+
+Before pass 0, `adjust_input` (specdraft.adjust_input) shifts each window right so it
+ends at its token to sample, refilling the front from a per-request cache of the
+previous call's tail. That recomputes, in every layer, the KV of up to n_predict
+tokens before the window, which the previous call wrote from draft tokens that may
+have been rejected, and drops the rejected tokens at the end.
+
+Which ids are shifted. adjust_input runs on the *target* ids, before the
+shift-by-one (pass 0's ids are built from the adjusted window). The reference
+names the argument `target_token_ids` next to `target_positions` and
+`target_hidden_states`, and its cache keeps each token id with its own position
+(vLLM's unit test of adjust_input checks cached (id, position) pairs). Its only call
+site in the document, `dummy_run`, passes the proposer's input buffer but only to
+warm up the kernels: it throws the outputs away. In a real engine both orders draft
+the same tokens, because the next call's window starts with the token the previous
+call put at its sample index. With arbitrary inputs they do not, so the tests pin
+this order.
+
+The shift cache. The proposer owns one ShiftCache of max_num_reqs rows and
+MAX_SHIFT = n_predict entries. Cache row b belongs to batch row b from one call to
+the next, so the engine must keep a request in the same batch row (a persistent
+batch), and call `reset_cache([b])` when a new request takes row b. A request's
+first call (a prefill that samples its last token) shifts by nothing and fills its
+row.
+"""
+
+import dataclasses
+import warnings
+
+import torch
+
+from specdraft.adjust_input import ShiftCache, adjust_input
+from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
+from specdraft.ops._checks import check_int_range
+from specdraft.ops.shift_and_cache import MAX_SHIFT_LIMIT
+from specdraft.proposers.base import DraftOutput, FirstPass, StepState, rows
+from specdraft.proposers.eagle import EagleProposer
+
+
+class MultiLayerEagleProposer(EagleProposer):
+    """Drafts n_predict tokens with an n_predict-layer MTP head (MTPHead picks layer
+    spec_step_idx % n_predict), one whole-window pass per layer.
+
+    max_num_reqs: batch rows the shift cache holds (every call has B <= it).
+    hidden_dtype: dtype of the hidden states the head receives (default: the head's).
+    config.num_speculative_tokens is replaced by n_predict, with a warning if it
+    differs. propose_padded is the way in after verification (the shift needs the
+    rejected tokens still in the window); propose_unpadded is not supported.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: SpeculativeConfig,
+        kv_caches: list[torch.Tensor],
+        *,
+        max_num_reqs: int,
+        hidden_dtype: torch.dtype | None = None,
+    ) -> None:
+        num_layers = getattr(getattr(model, "config", None), "n_predict", None)
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+            raise ValueError("model must be a multi-layer MTP head with an int config.n_predict")
+        check_int_range("n_predict", num_layers, 1, MAX_SHIFT_LIMIT)
+        check_int_range("max_num_reqs", max_num_reqs, 1)
+        if config.method != "mtp":
+            raise ValueError(f"method must be 'mtp' for the multi-layer proposer, got {config.method!r}")
+        if config.parallel_drafting:
+            raise ValueError("parallel_drafting is not supported by the multi-layer proposer")
+        if config.num_speculative_tokens != num_layers:
+            warnings.warn(
+                f"multi-layer EAGLE drafts one token per layer: num_speculative_tokens "
+                f"{config.num_speculative_tokens} adjusted to n_predict = {num_layers}",
+                stacklevel=2,
+            )
+            config = dataclasses.replace(config, num_speculative_tokens=num_layers)
+        super().__init__(model, config, kv_caches)
+        self.max_num_reqs = max_num_reqs
+        self.shift_cache = ShiftCache.zeros(
+            max_num_reqs,
+            num_layers,
+            model.config.hidden_size,
+            dtype=model.config.dtype if hidden_dtype is None else hidden_dtype,
+            device=kv_caches[0].device,
+            mrope=model.config.mrope_section is not None,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.shift_cache.max_shift
+
+    def reset_cache(self, rows: torch.Tensor | list[int] | None = None) -> None:
+        """Forget the cached tails of batch rows `rows` (default: all), e.g. when new
+        requests take those rows."""
+        lens = self.shift_cache.cached_lens
+        if rows is None:
+            lens.zero_()
+        else:
+            lens.index_fill_(0, torch.as_tensor(rows, dtype=torch.int64, device=lens.device), 0)
+
+    # ------------------------------------------------------------------ the loop
+
+    def propose(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        metadata: BatchMetadata,
+        sampling: SamplingParams | None = None,
+        *,
+        token_indices_to_sample: torch.Tensor | None = None,
+        num_rejected_tokens: torch.Tensor | None = None,
+    ) -> DraftOutput:
+        """As Proposer.propose. num_rejected_tokens is accepted for the padded path
+        and not needed: the shift drops rejected tokens from the end of each window,
+        and tokens it cannot drop sit after the sample index, where causal attention
+        keeps them from the sampled row in every pass."""
+        self.check_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        if metadata.num_reqs > self.max_num_reqs:
+            raise ValueError(f"metadata holds {metadata.num_reqs} requests, more than max_num_reqs {self.max_num_reqs}")
+        if token_indices_to_sample is None:
+            token_indices_to_sample = metadata.query_start_loc[1:] - 1
+        cache = self.shift_cache
+        first = FirstPass(
+            # The cache's dtypes: int32 ids, int64 positions and slots.
+            input_ids=target_token_ids.to(cache.token_ids.dtype),
+            positions=target_positions.to(cache.positions.dtype),
+            hidden_states=self.model.combine_hidden_states(target_hidden_states).to(cache.hidden_states.dtype),
+            metadata=dataclasses.replace(metadata, slot_mapping=metadata.slot_mapping.to(torch.int64)),
+            token_indices_to_sample=token_indices_to_sample,
+            seq_lens_after=metadata.seq_lens,
+        )
+        first = self.prepare_first_pass(first)
+        first.input_ids = self.shift_input_ids(first.input_ids, next_token_ids, first.token_indices_to_sample)
+        return self.draft(first, sampling)
+
+    def prepare_first_pass(self, first: FirstPass) -> FirstPass:
+        """adjust_input on the target window: shifted ids, positions, hidden states
+        and slot mapping, moved sample indices, seq_lens shortened by the shift."""
+        md = first.metadata
+        num_reqs = md.num_reqs
+        cache = self.cache_rows(num_reqs)
+        adjusted = adjust_input(
+            first.input_ids,
+            first.positions,
+            first.hidden_states,
+            md.query_start_loc,
+            md.seq_lens,
+            cache,
+            token_indices_to_sample=first.token_indices_to_sample,
+            slot_mapping=md.slot_mapping,
+            max_query_len=md.max_query_len,
+        )
+        self.store_cache_rows(cache, num_reqs)
+        return FirstPass(
+            input_ids=adjusted.token_ids,
+            positions=adjusted.positions,
+            hidden_states=adjusted.hidden_states,
+            metadata=dataclasses.replace(md, seq_lens=adjusted.seq_lens, slot_mapping=adjusted.slot_mapping),
+            token_indices_to_sample=adjusted.token_indices_to_sample,
+            seq_lens_after=first.seq_lens_after,
+        )
+
+    def draft(self, first: FirstPass, sampling: SamplingParams | None) -> DraftOutput:
+        num_reqs = first.metadata.num_reqs
+        index = first.token_indices_to_sample.long()
+        attn = self.attention_metadata(first.metadata)
+        sampled_positions = rows(first.positions, index)
+        # Only `positions` matters to the sampler: it keys the noise by the drafted
+        # token's position (the sample row's position + 1 + k in pass k).
+        state = StepState(
+            positions=sampled_positions,
+            clamped_positions=sampled_positions,
+            seq_lens=first.metadata.seq_lens,
+            slot_mapping=first.metadata.slot_mapping,
+            hidden_states=first.hidden_states,
+            max_seq_len=first.metadata.max_seq_len,
+        )
+        probs_out = self.allocate_probs(num_reqs, first.hidden_states.device)
+        input_ids, hidden = first.input_ids, first.hidden_states
+        tokens: list[torch.Tensor] = []
+        for step in range(self.num_speculative_tokens):
+            if step:
+                input_ids = self.shift_input_ids(input_ids, tokens[-1], index)
+                state.positions = state.positions + 1
+            h_sample, hidden = self.model(input_ids, first.positions, hidden, attn, self.kv_caches, spec_step_idx=step)
+            logits = self.model.compute_logits(h_sample.index_select(0, index), spec_step_idx=step)
+            tokens.append(self.sample(logits, state, sampling, probs_out, step=step))
+        return DraftOutput(torch.stack(tokens, dim=1), probs_out)
+
+    def propose_unpadded(self, *args, **kwargs) -> DraftOutput:
+        raise NotImplementedError(
+            "the multi-layer proposer needs the rejected tokens in the batch (its shift replaces them): "
+            "use propose_padded"
+        )
+
+    # ------------------------------------------------------------- cache rows
+
+    def cache_rows(self, num_reqs: int) -> ShiftCache:
+        """Rows 0 .. B-1 of the shift cache, as the shift ops want them (contiguous).
+        Views, except M-RoPE positions ([3, max_num_reqs, S] sliced on dim 1), which
+        are copied and written back by `store_cache_rows`."""
+        c = self.shift_cache
+        positions = c.positions[:, :num_reqs].contiguous() if c.positions.dim() == 3 else c.positions[:num_reqs]
+        return ShiftCache(
+            token_ids=c.token_ids[:num_reqs],
+            positions=positions,
+            hidden_states=c.hidden_states[:num_reqs],
+            cached_lens=c.cached_lens[:num_reqs],
+            slot_mapping=c.slot_mapping[:num_reqs],
+        )
+
+    def store_cache_rows(self, cache: ShiftCache, num_reqs: int) -> None:
+        if self.shift_cache.positions.dim() == 3:
+            self.shift_cache.positions[:, :num_reqs].copy_(cache.positions)
