@@ -170,7 +170,7 @@ def step_metadata(
     check_shape("clamped_positions", clamped_positions, tuple(positions.shape))
     check_distinct("clamped_positions", clamped_positions, "positions", positions)
     for name, tensor in (("positions", positions), ("clamped_positions", clamped_positions)):
-        if tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:  # stride first: no guard on B
             raise ValueError(f"{name} must have contiguous rows (stride 1 along the batch)")
     check_dtype("seq_lens", seq_lens, INDEX_DTYPES)
     check_shape("seq_lens", seq_lens, (num_reqs,))
@@ -184,9 +184,9 @@ def step_metadata(
     check_rank("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] < num_reqs:
         raise ValueError(f"slot_mapping must have at least B = {num_reqs} entries, got {slot_mapping.shape[0]}")
-    if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
+    if slot_mapping.stride(0) != 1 and slot_mapping.shape[0] > 1:
         raise ValueError("slot_mapping must be contiguous")
-    if seq_lens.shape[0] > 1 and seq_lens.stride(0) != 1:
+    if seq_lens.stride(0) != 1 and seq_lens.shape[0] > 1:
         raise ValueError("seq_lens must be contiguous")
     check_int_range("block_size", block_size, 1)
     check_int_range("max_model_len", max_model_len, 1)
