@@ -8,6 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_FLAGS ?= -q
+# Two workers: CI has two cores, and compile tests are CPU-bound.
+XDIST ?= -n 2
 STAMP := $(VENV)/.specdraft-installed
 
 .PHONY: install lint test test-cpu test-interpreter demo gpu-test gpu-bench clean
@@ -28,11 +30,11 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 test-cpu: $(STAMP)
-	$(PY) -m pytest $(PYTEST_FLAGS) -m "not interpreter" property_tests compile_tests
+	$(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" property_tests compile_tests
 
 # TRITON_INTERPRET must be set before any kernel is defined, hence its own run.
 test-interpreter: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) -m "interpreter or kernel" property_tests
+	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" property_tests
 
 test: lint test-cpu test-interpreter
 
