@@ -75,6 +75,10 @@ class Proposer:
         self.model = model
         self.config = config
         self.kv_caches = kv_caches
+        for cache in kv_caches:
+            # Written in place every call: a static address lets mode="reduce-overhead"
+            # keep the whole propose in one CUDA graph instead of skipping graphs.
+            torch._dynamo.mark_static_address(cache)
 
     @property
     def num_speculative_tokens(self) -> int:

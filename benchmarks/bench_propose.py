@@ -1,0 +1,148 @@
+"""The K-step propose loop of a Llama-3-8B-shaped EAGLE head (hidden 4096, 32/8
+heads, one layer, vocab 128256, random bf16 weights): eager vs torch.compile vs
+mode="reduce-overhead", against the K draft forwards alone (same model calls,
+static metadata, argmax; captured as one CUDA graph) as the floor.
+
+    python benchmarks/bench_propose.py            # B = 1, 8, 64, 256; K = 3, 5
+
+Decode-shaped batches: each request verified K + 1 target tokens after a
+512-token context. Times are wall-clock per call (events around the call, launch
+overhead included: that is what reduce-overhead removes), medians in µs.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import device_name, emit, markdown_table  # noqa: E402
+
+from specdraft.config import BatchMetadata, SpeculativeConfig  # noqa: E402
+from specdraft.models import AttentionMetadata, DraftModelConfig, EagleHead  # noqa: E402
+from specdraft.proposers import EagleProposer  # noqa: E402
+from specdraft.testing.proposers import make_draft_batch  # noqa: E402
+
+CONTEXT, BLOCK_SIZE = 512, 16
+BLOCKS_PER_REQUEST = (CONTEXT + 16 + BLOCK_SIZE - 1) // BLOCK_SIZE
+
+
+def llama8b_head() -> EagleHead:
+    config = DraftModelConfig(
+        hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, vocab_size=128256,
+        rope_theta=500000.0, dtype=torch.bfloat16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    head = EagleHead(config).to("cuda").eval()
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return head
+
+
+def decode_batch(num_reqs: int, k: int):
+    batch = make_draft_batch([k + 1] * num_reqs, vocab_size=128256, target_hidden_size=4096, block_size=BLOCK_SIZE,
+                             blocks_per_request=BLOCKS_PER_REQUEST, start_positions=[CONTEXT] * num_reqs,
+                             device="cuda", dtype=torch.bfloat16)  # fmt: skip
+    return batch
+
+
+def forwards_alone(head, kv, batch, k):
+    """The model calls the loop makes, with metadata prepared outside: the floor."""
+    md = batch.metadata
+    num_reqs = md.num_reqs
+    last = md.query_start_loc[1:].long() - 1
+    step_mds = []
+    for step in range(1, k):
+        pos = batch.target_positions[last] + step
+        slots = md.block_table.gather(1, (pos // BLOCK_SIZE)[:, None].to(torch.int64)).view(-1).long() * BLOCK_SIZE
+        step_mds.append(
+            (
+                pos,
+                AttentionMetadata(
+                    torch.arange(num_reqs + 1, dtype=torch.int32, device="cuda"),
+                    md.seq_lens + step,
+                    md.block_table,
+                    slots + pos % BLOCK_SIZE,
+                    1,
+                    md.max_seq_len,
+                ),
+            )  # fmt: skip
+        )
+    first_md = AttentionMetadata(
+        md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping, md.max_query_len, md.max_seq_len
+    )
+
+    def run():
+        h, hn = head(batch.target_token_ids, batch.target_positions, batch.target_hidden_states, first_md, kv)
+        tok = head.compute_logits(h[last]).argmax(-1)
+        hn = hn[last]
+        for pos, step_md in step_mds:
+            h, hn = head(tok, pos, hn, step_md, kv)
+            tok = head.compute_logits(h).argmax(-1)
+        return tok
+
+    return run
+
+
+def graphed(fn):
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_call(fn) -> float:
+    return do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
+
+
+def main():
+    head = llama8b_head()
+    rows = []
+    with torch.no_grad():
+        for k in (3, 5):
+            config = SpeculativeConfig(
+                method="eagle", num_speculative_tokens=k, max_model_len=4096, block_size=BLOCK_SIZE
+            )
+            for num_reqs in (1, 8, 64, 256):
+                kv = head.allocate_kv_caches(num_reqs * BLOCKS_PER_REQUEST, BLOCK_SIZE, device="cuda")
+                proposer = EagleProposer(head, config, kv)
+                batch = decode_batch(num_reqs, k)
+                args = batch.propose_args()
+                compiled = torch.compile(proposer.propose, fullgraph=True)
+                reduced = torch.compile(proposer.propose, fullgraph=True, mode="reduce-overhead")
+
+                def reduced_call(reduced=reduced, args=args):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return reduced(*args)
+
+                eager_us = time_call(lambda proposer=proposer, args=args: proposer.propose(*args))
+                compiled_us = time_call(lambda compiled=compiled, args=args: compiled(*args))
+                reduced_us = time_call(reduced_call)
+                floor_us = time_call(graphed(forwards_alone(head, kv, batch, k)))
+                rows.append(
+                    [
+                        k,
+                        num_reqs,
+                        eager_us,
+                        compiled_us,
+                        reduced_us,
+                        floor_us,
+                        reduced_us / floor_us,
+                        eager_us / reduced_us,
+                    ]
+                )
+                print(rows[-1], flush=True)
+                del kv, proposer, compiled, reduced
+                torch.compiler.reset()
+                torch.cuda.empty_cache()
+    headers = ["K", "B", "eager µs", "compiled µs", "reduce-overhead µs", "K forwards alone (graph) µs",
+               "reduce-overhead / forwards", "eager / reduce-overhead"]  # fmt: skip
+    emit("propose", f"Device: {device_name()}. Llama-3-8B-shaped EAGLE head, bf16, greedy, context {CONTEXT}.\n\n"
+         + markdown_table(headers, rows))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""On a GPU: the bf16 propose loop compiled with mode="reduce-overhead" is one
+CUDA graph: after warm-up, each propose call replays exactly one graph, and its
+tokens equal eager's."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "property_tests"))
+from proposer_models import VOCAB, make_head  # noqa: E402
+
+from specdraft.config import SpeculativeConfig  # noqa: E402
+from specdraft.proposers import EagleProposer  # noqa: E402
+from specdraft.testing.proposers import make_draft_batch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def graph_launches(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch")
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
+def test_reduce_overhead_is_one_graph_replay_per_call(method, sampling):
+    head, target_hidden = make_head(method, mrope=False)
+    head = head.to(device="cuda", dtype=torch.bfloat16)
+    batch = make_draft_batch([4, 4, 4], vocab_size=VOCAB, target_hidden_size=target_hidden, block_size=4,
+                             blocks_per_request=8, temperatures=[0.0, 1.0, 0.7], device="cuda", dtype=torch.bfloat16)  # fmt: skip
+    config = SpeculativeConfig(method=method, num_speculative_tokens=3, max_model_len=64, block_size=4,
+                               draft_sampling=sampling, return_probs="probs" if sampling == "probabilistic" else None)  # fmt: skip
+    eager = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
+    graphed = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
+    compiled = torch.compile(graphed.propose, mode="reduce-overhead", fullgraph=True)
+
+    def call():
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*batch.propose_args())
+
+    with torch.no_grad():
+        for _ in range(3):  # warm-up: compile, record the graph
+            call()
+        assert graph_launches(call) == 1
+        want = eager.propose(*batch.propose_args())
+        got = call()
+    assert torch.equal(got.draft_tokens, want.draft_tokens)
+    if sampling == "probabilistic":
+        torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=2e-2, atol=2e-3)
