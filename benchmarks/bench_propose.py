@@ -19,7 +19,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import device_name, emit, markdown_table  # noqa: E402
 
-from specdraft.config import BatchMetadata, SpeculativeConfig  # noqa: E402
+from specdraft.config import SpeculativeConfig  # noqa: E402
 from specdraft.models import AttentionMetadata, DraftModelConfig, EagleHead  # noqa: E402
 from specdraft.proposers import EagleProposer  # noqa: E402
 from specdraft.testing.proposers import make_draft_batch  # noqa: E402
