@@ -2,6 +2,11 @@
 batch layouts, opt-in value checkers (these sync with the host: tests only), and
 compile counters."""
 
+try:
+    import hypothesis  # noqa: F401
+except ImportError as error:  # pragma: no cover
+    raise ImportError("specdraft.testing needs hypothesis: pip install 'specdraft[testing]'") from error
+
 from specdraft.testing.batch import (
     RejectionLayout,
     SampledLayout,
