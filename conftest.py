@@ -39,9 +39,11 @@ _real_empty, _real_empty_like = torch.empty, torch.empty_like
 
 @torch.no_grad()  # torch's own callers may ask for requires_grad=True leaves
 def _poison(t: torch.Tensor) -> torch.Tensor:
-    # Eager only: in a traced graph the fill would be a mutation of an intermediate,
-    # which AOT rejects, and Inductor allocates its own buffers anyway.
-    if torch.compiler.is_compiling():
+    # Real eager tensors only. While torch.compile traces (Dynamo, or AOT decomposing
+    # a triton_op body, where is_compiling() is already False) tensors are fake or
+    # functional subclasses: a fill there would be a traced mutation of an
+    # intermediate, which AOT rejects; Inductor allocates its own buffers anyway.
+    if type(t) is not torch.Tensor or torch.compiler.is_compiling():
         return t
     if t.is_floating_point():
         return t.fill_(float("nan"))
