@@ -78,7 +78,10 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     first = torch.argmax(valid.to(torch.int32)).view(1)  # 0 when no row is valid
     any_valid = valid.any()
     fallback_slot = torch.where(any_valid, slots.index_select(0, first), 0)  # [1]
-    fallback_rows = torch.where(any_valid, rows.index_select(1, first), flat[:, :1])  # [2, 1, heads, dim]
+    # index_select, not flat[:, :1]: torch 2.11's Inductor cannot lower a slice view of
+    # the buffer this function then index_copy_'s into (NotImplementedError: SliceView).
+    slot_zero = torch.zeros(1, dtype=torch.int64, device=flat.device)
+    fallback_rows = torch.where(any_valid, rows.index_select(1, first), flat.index_select(1, slot_zero))
     index = torch.where(valid, slots, fallback_slot)
     source = torch.where(valid[None, :, None, None], rows, fallback_rows)
     flat.index_copy_(1, index, source)

@@ -57,6 +57,14 @@ def rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return positions.index_select(positions.dim() - 1, index)
 
 
+def static_min(a, b):
+    """min of two static bounds: plain ints stay ints (torch 2.11's Dynamo cannot
+    trace torch.sym_min on them); SymInts stay symbolic (no guard)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return torch.sym_min(a, b)
+
+
 def first_row(positions: torch.Tensor) -> torch.Tensor:
     return positions[0] if positions.dim() == 2 else positions
 
@@ -194,7 +202,7 @@ class Proposer:
         )
         # A static bound (a Python int or SymInt), never read from the device.
         reach = metadata.block_table.shape[1] * self.config.block_size
-        state.max_seq_len = torch.sym_min(torch.sym_min(state.max_seq_len + 1, self.config.max_model_len), reach)
+        state.max_seq_len = static_min(static_min(state.max_seq_len + 1, self.config.max_model_len), reach)
 
     def step_metadata(self, state: StepState, metadata: BatchMetadata) -> BatchMetadata:
         num_reqs = metadata.num_reqs
