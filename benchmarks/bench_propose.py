@@ -1,7 +1,8 @@
 """The K-step propose loop of a Llama-3-8B-shaped EAGLE head (hidden 4096, 32/8
 heads, one layer, vocab 128256, random bf16 weights): eager vs torch.compile vs
-mode="reduce-overhead", against the K draft forwards alone (same model calls,
-static metadata, argmax; captured as one CUDA graph) as the floor.
+mode="reduce-overhead", against the floor: the K draft forwards alone (the same
+model calls with the metadata prepared outside, argmax sampling), compiled and
+captured as one CUDA graph too.
 
     python benchmarks/bench_propose.py            # B = 1, 8, 64, 256; K = 3, 5
 
@@ -47,98 +48,75 @@ def decode_batch(num_reqs: int, k: int):
     return batch
 
 
-def forwards_alone(head, kv, batch, k):
-    """The model calls the loop makes, with metadata prepared outside: the floor."""
+def forwards_alone_inputs(batch, k):
+    """Inputs of the floor: the first pass's, and each later step's positions and
+    attention metadata, all computed here, outside the timed region."""
     md = batch.metadata
     num_reqs = md.num_reqs
     last = md.query_start_loc[1:].long() - 1
-    step_mds = []
+    steps = []
     for step in range(1, k):
         pos = batch.target_positions[last] + step
         slots = md.block_table.gather(1, (pos // BLOCK_SIZE)[:, None].to(torch.int64)).view(-1).long() * BLOCK_SIZE
-        step_mds.append(
-            (
-                pos,
-                AttentionMetadata(
-                    torch.arange(num_reqs + 1, dtype=torch.int32, device="cuda"),
-                    md.seq_lens + step,
-                    md.block_table,
-                    slots + pos % BLOCK_SIZE,
-                    1,
-                    md.max_seq_len,
-                ),
-            )  # fmt: skip
-        )
+        step_md = AttentionMetadata(torch.arange(num_reqs + 1, dtype=torch.int32, device="cuda"), md.seq_lens + step,
+                                    md.block_table, slots + pos % BLOCK_SIZE, 1, md.max_seq_len)  # fmt: skip
+        steps.append((pos, step_md))
     first_md = AttentionMetadata(
         md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping, md.max_query_len, md.max_seq_len
     )
-
-    def run():
-        h, hn = head(batch.target_token_ids, batch.target_positions, batch.target_hidden_states, first_md, kv)
-        tok = head.compute_logits(h[last]).argmax(-1)
-        hn = hn[last]
-        for pos, step_md in step_mds:
-            h, hn = head(tok, pos, hn, step_md, kv)
-            tok = head.compute_logits(h).argmax(-1)
-        return tok
-
-    return run
+    return (batch.target_token_ids, batch.target_positions, batch.target_hidden_states, first_md, last, steps)
 
 
-def graphed(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+def forwards_alone(head, kv, ids, positions, hidden, first_md, last, steps):
+    """The K model calls of the loop and argmax sampling, nothing else: the floor."""
+    h, h_next = head(ids, positions, hidden, first_md, kv)
+    token = head.compute_logits(h[last]).argmax(-1)
+    h_next = h_next[last]
+    for pos, step_md in steps:
+        h, h_next = head(token, pos, h_next, step_md, kv)
+        token = head.compute_logits(h).argmax(-1)
+    return token
 
 
 def time_call(fn) -> float:
     return do_bench(fn, warmup=50, rep=300, return_mode="median") * 1e3
 
 
+def graph_call(compiled):
+    def call(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args)
+
+    return call
+
+
 def main():
     head = llama8b_head()
+    batch_sizes = (1, 8, 64, 256)
+    # One cache for the largest batch; smaller batches use a prefix of its blocks, so
+    # one proposer (and one dynamic compile per K) serves every batch size.
+    kv = head.allocate_kv_caches(max(batch_sizes) * BLOCKS_PER_REQUEST, BLOCK_SIZE, device="cuda")
     rows = []
-    with torch.no_grad():
+    with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False):
         for k in (3, 5):
             config = SpeculativeConfig(
                 method="eagle", num_speculative_tokens=k, max_model_len=4096, block_size=BLOCK_SIZE
             )
-            for num_reqs in (1, 8, 64, 256):
-                kv = head.allocate_kv_caches(num_reqs * BLOCKS_PER_REQUEST, BLOCK_SIZE, device="cuda")
-                proposer = EagleProposer(head, config, kv)
+            proposer = EagleProposer(head, config, kv)
+            compiled = torch.compile(proposer.propose, fullgraph=True, dynamic=True)
+            reduced = graph_call(torch.compile(proposer.propose, fullgraph=True, dynamic=True, mode="reduce-overhead"))
+            floor = graph_call(torch.compile(forwards_alone, fullgraph=True, dynamic=True, mode="reduce-overhead"))
+            for num_reqs in batch_sizes:
                 batch = decode_batch(num_reqs, k)
-                args = batch.propose_args()
-                compiled = torch.compile(proposer.propose, fullgraph=True)
-                reduced = torch.compile(proposer.propose, fullgraph=True, mode="reduce-overhead")
-
-                def reduced_call(reduced=reduced, args=args):
-                    torch.compiler.cudagraph_mark_step_begin()
-                    return reduced(*args)
-
-                eager_us = time_call(lambda proposer=proposer, args=args: proposer.propose(*args))
-                compiled_us = time_call(lambda compiled=compiled, args=args: compiled(*args))
-                reduced_us = time_call(reduced_call)
-                floor_us = time_call(graphed(forwards_alone(head, kv, batch, k)))
-                rows.append(
-                    [
-                        k,
-                        num_reqs,
-                        eager_us,
-                        compiled_us,
-                        reduced_us,
-                        floor_us,
-                        reduced_us / floor_us,
-                        eager_us / reduced_us,
-                    ]
-                )
+                args, floor_args = batch.propose_args(), (head, kv, *forwards_alone_inputs(batch, k))
+                eager_us = time_call(lambda fn=proposer.propose, args=args: fn(*args))
+                compiled_us = time_call(lambda fn=compiled, args=args: fn(*args))
+                reduced_us = time_call(lambda fn=reduced, args=args: fn(*args))
+                floor_us = time_call(lambda fn=floor, args=floor_args: fn(*args))
+                rows.append([k, num_reqs, eager_us, compiled_us, reduced_us, floor_us, reduced_us / floor_us,
+                             eager_us / reduced_us])  # fmt: skip
                 print(rows[-1], flush=True)
-                del kv, proposer, compiled, reduced
-                torch.compiler.reset()
-                torch.cuda.empty_cache()
-    headers = ["K", "B", "eager µs", "compiled µs", "reduce-overhead µs", "K forwards alone (graph) µs",
+    headers = ["K", "B", "eager µs", "compiled µs", "reduce-overhead µs", "K forwards alone (compiled, graph) µs",
                "reduce-overhead / forwards", "eager / reduce-overhead"]  # fmt: skip
     emit("propose", f"Device: {device_name()}. Llama-3-8B-shaped EAGLE head, bf16, greedy, context {CONTEXT}.\n\n"
          + markdown_table(headers, rows))  # fmt: skip
