@@ -19,6 +19,7 @@ from specdraft.testing.batch import (
 )
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.expand import ExpandLayout, expand_layouts
+from specdraft.testing.proposers import DraftBatch, make_draft_batch
 from specdraft.testing.sampling import (
     SamplingBatch,
     check_draft_sample_values,
@@ -49,6 +50,9 @@ __all__ = [
     # parallel drafting (copy_and_expand_inputs, new_slot_mapping)
     "ExpandLayout",
     "expand_layouts",
+    # proposers
+    "DraftBatch",
+    "make_draft_batch",
     # sampling (draft_sample, rejection_sample)
     "SamplingBatch",
     "check_draft_sample_values",
