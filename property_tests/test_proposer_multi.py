@@ -69,6 +69,20 @@ def padded_kwargs(batch, rejected):
     return dict(token_indices_to_sample=batch.metadata.query_start_loc[1:] - 1 - rej, num_rejected_tokens=rej)
 
 
+def propose_by_path(proposer, batch, rejected, path):
+    """padded: the rejected rows stay as padding; unpadded: propose_unpadded with an
+    upper bound of the kept tokens (all of them), as an engine would call it."""
+    if not rejected:
+        return proposer.propose(*batch.propose_args())
+    if path == "padded":
+        return proposer.propose(*batch.propose_args(), **padded_kwargs(batch, rejected))
+    args = batch.propose_args()
+    return proposer.propose_unpadded(
+        *args[:4], torch.tensor(rejected, dtype=torch.int32), batch.metadata,
+        num_kept_tokens=batch.target_token_ids.shape[0], sampling=batch.sampling,
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- multi-layer
 
 ML_LAYERS = 3
@@ -103,17 +117,17 @@ def make_multi_layer(mrope, sampling, k=ML_LAYERS):
     return head, MultiLayerEagleProposer(head, config, kv, max_num_reqs=6)
 
 
+@pytest.mark.parametrize("path", ["padded", "unpadded"])
 @pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
 @pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
-def test_multi_layer_matches_oracle(sampling, mrope):
+def test_multi_layer_matches_oracle(sampling, mrope, path):
     head, proposer = make_multi_layer(mrope, sampling)
     oracle = MultiLayerOracle(head, len(QUERY_LENS))
     greedy = sampling == "greedy"
     with torch.no_grad():
         for call, (batch, rejected) in enumerate(multi_layer_calls(mrope, sampling)):
             want, _, _ = oracle.propose(batch, rejected=rejected, greedy=greedy)
-            kwargs = padded_kwargs(batch, rejected) if rejected else {}
-            got = proposer.propose(*batch.propose_args(), **kwargs)
+            got = propose_by_path(proposer, batch, rejected, path)
             assert got.draft_tokens.shape == (len(QUERY_LENS), ML_LAYERS)
             assert got.draft_tokens.tolist() == want, f"call {call}"
             cached = proposer.shift_cache.cached_lens[: len(QUERY_LENS)].tolist()
@@ -170,8 +184,10 @@ def test_multi_layer_bad_input():
     batch, _ = next(multi_layer_calls(False, "greedy"))
     with pytest.raises(ValueError, match="max_num_reqs"):
         proposer.propose(*batch.propose_args())
-    with pytest.raises(NotImplementedError, match="propose_padded"):
-        proposer.propose_unpadded()
+    args = batch.propose_args()
+    rejected = torch.zeros(batch.metadata.num_reqs, dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_kept_tokens"):
+        proposer.propose_unpadded(*args[:4], rejected, batch.metadata, num_kept_tokens=-1)
 
 
 # --------------------------------------------------------------------------- multi-group
@@ -235,22 +251,27 @@ def make_multi_group(mrope, sampling):
     return head, MultiGroupMTPProposer(head, config, kv, layer_groups=layer_groups, block_sizes=MG_BLOCK_SIZES)
 
 
+@pytest.mark.parametrize("path", ["padded", "unpadded"])
 @pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
 @pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
-def test_multi_group_matches_oracle(sampling, mrope):
+def test_multi_group_matches_oracle(sampling, mrope, path):
     head, proposer = make_multi_group(mrope, sampling)
     memories = Memories(MG_LAYERS)
     greedy = sampling == "greedy"
     with torch.no_grad():
         for call, (batch, rejected, table1) in enumerate(multi_group_calls(mrope, sampling)):
             want = oracle_stepwise(head, batch, MG_K, memories, rejected=rejected, greedy=greedy)
-            got = proposer.propose(*batch.propose_args(), **padded_kwargs(batch, rejected))
+            got = propose_by_path(proposer, batch, rejected, path)
             assert got.draft_tokens.tolist() == want, f"call {call}"
             tables = [batch.metadata.block_table, table1]
             for layer, group in enumerate(proposer.layer_groups):
                 memory = {b: memories.of(b, layer) for b in range(len(QUERY_LENS))}
                 want_slots = expected_slots(memory, tables[group], MG_BLOCK_SIZES[group])
-                assert written_slots(proposer.kv_caches[layer]) == want_slots, f"call {call} layer {layer}"
+                written = written_slots(proposer.kv_caches[layer])
+                if path == "padded":
+                    assert written == want_slots, f"call {call} layer {layer}"
+                else:  # repacked: the rejected rows are never written
+                    assert written <= want_slots, f"call {call} layer {layer}"
 
 
 def test_multi_group_equals_single_group_when_groups_agree():

@@ -7,6 +7,8 @@ loop after the target's verification step:
   host-side number, the kept token count (`propose_unpadded`).
 """
 
+import dataclasses
+
 import torch
 
 from specdraft.config import BatchMetadata, SamplingParams
@@ -16,9 +18,20 @@ from specdraft.proposers.base import DraftOutput, Proposer, rows
 PADDING_SLOT_ID = -1
 
 
+def repack_slots(slot_mapping: torch.Tensor, index: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Slots of the kept tokens; rows past the kept total write nothing (PAD)."""
+    return torch.where(real, slot_mapping.index_select(0, index), PADDING_SLOT_ID)
+
+
 class EagleProposer(Proposer):
     """config.method picks the head family ("eagle", "eagle3", "mtp"); the loop is
     the same for all three (see Proposer)."""
+
+    repack_slots = staticmethod(repack_slots)
+
+    def repack_group_slots(self, metadata: BatchMetadata, index: torch.Tensor, real: torch.Tensor) -> BatchMetadata:
+        """Hook: proposers with more slot mappings (KV-cache groups) repack them too."""
+        return metadata
 
     def propose_padded(
         self,
@@ -78,14 +91,13 @@ class EagleProposer(Proposer):
         packed = prepare_eagle_input(metadata.query_start_loc, num_rejected_tokens, num_kept_tokens)
         index = packed.token_indices.long()
         real = torch.arange(num_kept_tokens, device=index.device) < packed.cu_num_tokens[-1]
-        repacked = BatchMetadata(
+        repacked = dataclasses.replace(
+            metadata,
             query_start_loc=packed.cu_num_tokens.to(metadata.query_start_loc.dtype),
             seq_lens=metadata.seq_lens - num_rejected_tokens.to(metadata.seq_lens.dtype),
-            block_table=metadata.block_table,
-            slot_mapping=torch.where(real, metadata.slot_mapping.index_select(0, index), PADDING_SLOT_ID),
-            max_query_len=metadata.max_query_len,
-            max_seq_len=metadata.max_seq_len,
+            slot_mapping=self.repack_slots(metadata.slot_mapping, index, real),
         )
+        repacked = self.repack_group_slots(repacked, index, real)
         return self.propose(
             target_token_ids.index_select(0, index),
             rows(target_positions, index),

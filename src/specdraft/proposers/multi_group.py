@@ -18,6 +18,7 @@ Unlike the reference, which recomputes the other groups' slots with the primary
 group's block size, each group uses its own; the step loop has no host sync.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,7 @@ from specdraft.config import BatchMetadata, SpeculativeConfig
 from specdraft.models.attention import AttentionMetadata
 from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
 from specdraft.ops.step_metadata import step_metadata
-from specdraft.proposers.base import DraftOutput, FirstPass, StepState
+from specdraft.proposers.base import FirstPass, StepState
 from specdraft.proposers.eagle import EagleProposer
 
 PADDING_SLOT_ID = -1
@@ -123,8 +124,10 @@ class MultiGroupMTPProposer(EagleProposer):
     def num_groups(self) -> int:
         return len(self.block_sizes)
 
-    def propose_unpadded(self, *args, **kwargs) -> DraftOutput:
-        raise NotImplementedError("the multi-group proposer takes the padded path (propose / propose_padded)")
+    def repack_group_slots(self, metadata, index, real):
+        """The unpadded path repacks every group's slot mapping like group 0's."""
+        slot_mappings = [self.repack_slots(slots, index, real) for slots in metadata.slot_mappings]
+        return dataclasses.replace(metadata, slot_mapping=slot_mappings[0], slot_mappings=slot_mappings)
 
     # ------------------------------------------------------------------- steps
 

@@ -59,7 +59,7 @@ class MultiLayerEagleProposer(EagleProposer):
     hidden_dtype: dtype of the hidden states the head receives (default: the head's).
     config.num_speculative_tokens is replaced by n_predict, with a warning if it
     differs. propose_padded is the way in after verification (the shift needs the
-    rejected tokens still in the window); propose_unpadded is not supported.
+    rejected tokens still in the window); propose_unpadded gives the same drafts.
     """
 
     def __init__(
@@ -202,10 +202,34 @@ class MultiLayerEagleProposer(EagleProposer):
             tokens.append(self.sample(logits, state, sampling, probs_out, step=step))
         return DraftOutput(torch.stack(tokens, dim=1), probs_out)
 
-    def propose_unpadded(self, *args, **kwargs) -> DraftOutput:
-        raise NotImplementedError(
-            "the multi-layer proposer needs the rejected tokens in the batch (its shift replaces them): "
-            "use propose_padded"
+    def propose_unpadded(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        num_rejected_tokens: torch.Tensor,
+        metadata: BatchMetadata,
+        num_kept_tokens: int,
+        sampling: SamplingParams | None = None,
+    ) -> DraftOutput:
+        """The unpadded entry point (vLLM raises here). The shift refills each window's
+        front from the cache by exactly as many tokens as it drops from its end, so it
+        needs the rejected rows as room: instead of repacking them away, this samples
+        after each request's last kept token, which drafts exactly what the padded
+        path does. num_kept_tokens (the unpadded path's host-side bound) is checked
+        and otherwise not needed: no repacking, no host sync."""
+        check_int_range("num_kept_tokens", num_kept_tokens, 0)
+        rejected = num_rejected_tokens.to(metadata.query_start_loc.dtype)
+        return self.propose(
+            target_token_ids,
+            target_positions,
+            target_hidden_states,
+            next_token_ids,
+            metadata,
+            sampling,
+            token_indices_to_sample=metadata.query_start_loc[1:] - 1 - rejected,
+            num_rejected_tokens=num_rejected_tokens,
         )
 
     # ------------------------------------------------------------- cache rows
