@@ -368,12 +368,13 @@ def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0)
 
 
 def store_step_reference(out: torch.Tensor, step: torch.Tensor, values: torch.Tensor) -> None:
-    """out[:, step] = values when 0 <= step < K, else nothing; no host sync."""
-    num_steps = out.shape[1]
-    valid = (step >= 0) & (step < num_steps)
-    index = step.long().clamp(0, num_steps - 1).reshape(1)
-    current = out.index_select(1, index)
-    out.index_copy_(1, index, torch.where(valid, values.unsqueeze(1).to(out.dtype), current))
+    """out[:, step] = values when 0 <= step < K, else nothing; no host sync.
+
+    A whole-buffer select rather than index_copy_ at a clamped step: under
+    Inductor (torch 2.13, CPU) the index_copy_ form was miscompiled, a later op in
+    the same graph read the buffer's old values."""
+    steps = torch.arange(out.shape[1], device=out.device)
+    out.copy_(torch.where((steps == step)[None, :, None], values.unsqueeze(1).to(out.dtype), out))
 
 
 def draft_sample_store_reference(logits, temperature, seeds, positions, out, step, salt: int, write_probs: bool):
