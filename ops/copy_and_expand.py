@@ -44,6 +44,7 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
+from ._layout import window_of
 from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
 # Decode windows are a handful of slots; 64 keeps one program's lanes mostly busy
@@ -191,7 +192,7 @@ def copy_and_expand_inputs_reference(
 
     # Output windows tile [0, num_out) in request order: find each slot's owner.
     slot = torch.arange(num_out, device=device)
-    owner = torch.searchsorted(out_starts + windows, slot, right=True).clamp(max=num_reqs)
+    owner = window_of(slot, out_starts + windows).clamp(max=num_reqs)
     j = slot - out_starts[owner]
     v = valid[owner]
     is_bonus = j == v
@@ -207,7 +208,7 @@ def copy_and_expand_inputs_reference(
     index_dtype = query_start_loc.dtype
     new_token_indices = (out_starts + valid)[:num_reqs, None] + torch.arange(slots, device=device)
     token = torch.arange(num_in, device=device)
-    token_owner = torch.searchsorted(stops, token, right=True).clamp(max=num_reqs)
+    token_owner = window_of(token, stops).clamp(max=num_reqs)
     mapping = token + token_owner * growth
     return ExpandedInputs(
         ids,

@@ -29,6 +29,7 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
+from ._layout import window_of
 from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 
 PADDING_SLOT_ID = -1
@@ -126,7 +127,7 @@ def new_slot_mapping_reference(
 ) -> torch.Tensor:
     num_tokens, num_reqs = positions.shape[0], query_start_loc.shape[0] - 1
     token = torch.arange(num_tokens, device=positions.device)
-    owner = torch.searchsorted(query_start_loc[1:].long(), token, right=True)
+    owner = window_of(token, query_start_loc[1:].long())
     past_batch = owner >= num_reqs
     pos = positions.long()
     clamped = pos.clamp(0, max_model_len - 1)

@@ -25,6 +25,7 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
+from ._layout import window_of
 from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 
 # Elementwise ops: one program per block of requests, one request per thread.
@@ -179,7 +180,7 @@ def prepare_eagle_input_reference(
         index = torch.zeros_like(j)
     else:
         # Request of each output row: how many packed runs end at or before it.
-        req = torch.searchsorted(cu_new[1:], j, right=True).clamp(max=starts.shape[0] - 1)
+        req = window_of(j, cu_new[1:]).clamp(max=starts.shape[0] - 1)
         index = torch.where(j < cu_new[-1], starts[req] + j - cu_new[req], 0)
     dtype = cu_target_query_lens.dtype
     return cu_new.to(dtype), index.to(dtype)

@@ -42,6 +42,7 @@ from ._checks import (
     check_same_dtype,
     check_shape,
 )
+from ._layout import window_of
 from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
 MAX_SHIFT_LIMIT = 8
@@ -317,7 +318,7 @@ def _shift_and_cache_rows_reference(src, dst, cache, query_start_loc, sample, sh
     if num_tokens > 0:
         tok = torch.arange(num_tokens, device=src.device)
         # Request of each token; tokens past the batch (graph padding) map to B.
-        req = torch.searchsorted(stops, tok, right=True).clamp(max=num_reqs - 1)
+        req = window_of(tok, stops).clamp(max=num_reqs - 1)
         start = starts[req]
         in_window = (tok >= start) & (tok < stops[req])
         c_idx, c_ok, s_idx, s_ok = _shifted_rows(

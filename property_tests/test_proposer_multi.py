@@ -65,7 +65,7 @@ def expected_slots(memory_by_req, block_table, block_size):
 
 
 def padded_kwargs(batch, rejected):
-    rej = torch.tensor(rejected, dtype=torch.int32)
+    rej = torch.tensor(rejected, dtype=torch.int32, device=batch.metadata.query_start_loc.device)
     return dict(token_indices_to_sample=batch.metadata.query_start_loc[1:] - 1 - rej, num_rejected_tokens=rej)
 
 
@@ -78,7 +78,7 @@ def propose_by_path(proposer, batch, rejected, path):
         return proposer.propose(*batch.propose_args(), **padded_kwargs(batch, rejected))
     args = batch.propose_args()
     return proposer.propose_unpadded(
-        *args[:4], torch.tensor(rejected, dtype=torch.int32), batch.metadata,
+        *args[:4], torch.tensor(rejected, dtype=torch.int32, device=batch.metadata.query_start_loc.device), batch.metadata,
         num_kept_tokens=batch.target_token_ids.shape[0], sampling=batch.sampling,
     )  # fmt: skip
 
@@ -217,8 +217,8 @@ def grouped(batch, table1):
     metadata = GroupedBatchMetadata.from_groups(
         md.query_start_loc,
         md.seq_lens,
-        [md.block_table, table1],
-        [md.slot_mapping, torch.tensor(slots1, dtype=torch.int64)],
+        [md.block_table, table1.to(md.block_table.device)],
+        [md.slot_mapping, torch.tensor(slots1, dtype=torch.int64, device=md.slot_mapping.device)],
         md.max_query_len,
         md.max_seq_len,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
+from specdraft.ops._layout import window_of
 
 
 @dataclass
@@ -68,7 +69,7 @@ def _scatter_back(out_padded, query_start_loc, num_tokens, max_query_len):
     """[B, Q, H, D] -> [T, H, D]: token t takes row (its request, t - request start)."""
     bounds = query_start_loc.to(torch.int64)
     t = torch.arange(num_tokens, device=out_padded.device)
-    req = torch.searchsorted(bounds[1:], t, right=True)
+    req = window_of(t, bounds[1:])
     num_reqs = out_padded.shape[0]
     req_c = req.clamp(max=num_reqs - 1)
     i = t - bounds.index_select(0, req_c)

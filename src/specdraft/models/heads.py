@@ -60,7 +60,11 @@ class DraftHead(nn.Module):
         return kv_cache_shape(num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int, device=None, dtype=None) -> list[torch.Tensor]:
-        dtype = self.config.dtype if dtype is None else dtype
+        """Zeroed caches, one per draft layer; device and dtype default to the head's
+        weights' (so a head moved with .to() gets matching caches)."""
+        weight = self.embed_tokens.weight
+        dtype = weight.dtype if dtype is None else dtype
+        device = weight.device if device is None else device
         c = self.config
         return allocate_kv_caches(self.num_kv_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype, device)
 

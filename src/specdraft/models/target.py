@@ -43,7 +43,9 @@ class TinyTargetModel(nn.Module):
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int, device=None, dtype=None) -> list[torch.Tensor]:
         c = self.config
-        dtype = c.dtype if dtype is None else dtype
+        weight = self.embed_tokens.weight  # device and dtype default to the model's
+        dtype = weight.dtype if dtype is None else dtype
+        device = weight.device if device is None else device
         return allocate_kv_caches(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype, device)
 
     def tie_embeddings(self) -> None:

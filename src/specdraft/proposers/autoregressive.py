@@ -36,7 +36,7 @@ from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
 from specdraft.ops import copy_and_expand_inputs
 from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_rank, check_shape
 from specdraft.ops.draft_sample import draft_sample
-from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows
+from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows, static_min
 
 PADDING_SLOT_ID = -1
 
@@ -285,7 +285,7 @@ class AutoregressiveSpeculator(Proposer):
             block_table=metadata.block_table,
             slot_mapping=slots,
             max_query_len=metadata.max_query_len + 1,
-            max_seq_len=torch.sym_min(metadata.max_seq_len + 1, reach),
+            max_seq_len=static_min(metadata.max_seq_len + 1, reach),
         )
 
     @staticmethod

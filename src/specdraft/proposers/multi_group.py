@@ -27,7 +27,7 @@ from specdraft.config import BatchMetadata, SpeculativeConfig
 from specdraft.models.attention import AttentionMetadata
 from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
 from specdraft.ops.step_metadata import step_metadata
-from specdraft.proposers.base import FirstPass, StepState
+from specdraft.proposers.base import FirstPass, StepState, static_min
 from specdraft.proposers.eagle import EagleProposer
 
 PADDING_SLOT_ID = -1
@@ -170,7 +170,7 @@ class MultiGroupMTPProposer(EagleProposer):
         )
         state.slot_mapping = state.group_slot_mappings[0]
         # Each group's block-table reach caps its own layers (attention_metadata).
-        state.max_seq_len = torch.sym_min(state.max_seq_len + 1, max_model_len)
+        state.max_seq_len = static_min(state.max_seq_len + 1, max_model_len)
 
     def step_metadata(self, state: GroupedStepState, metadata: GroupedBatchMetadata) -> GroupedBatchMetadata:
         num_reqs = metadata.num_reqs
@@ -196,7 +196,7 @@ class MultiGroupMTPProposer(EagleProposer):
                     block_table=table,
                     slot_mapping=metadata.slot_mappings[g],
                     max_query_len=metadata.max_query_len,
-                    max_seq_len=torch.sym_min(metadata.max_seq_len, reach),
+                    max_seq_len=static_min(metadata.max_seq_len, reach),
                 )
             )
         return [per_group[g] for g in self.layer_groups]
