@@ -42,8 +42,17 @@ def check_rank(name: str, tensor: torch.Tensor, ranks: int | Iterable[int]) -> N
 
 
 def check_shape(name: str, tensor: torch.Tensor, shape: tuple) -> None:
-    if tuple(tensor.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(tensor.shape)}")
+    message = f"{name} must have shape {tuple(shape)}, got {tuple(tensor.shape)}"
+    if tensor.dim() != len(shape):
+        raise ValueError(message)
+    for got, want in zip(tensor.shape, shape, strict=True):
+        if isinstance(got, int) and isinstance(want, int):
+            if got != want:
+                raise ValueError(message)
+        else:
+            # Symbolic sizes under torch.compile: a deferred runtime assert rather than
+            # a guard, which an unbacked size could not decide.
+            torch._check(got == want, lambda: message)
 
 
 def check_contiguous(name: str, tensor: torch.Tensor) -> None:

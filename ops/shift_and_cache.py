@@ -424,7 +424,7 @@ def _shift_and_cache_1d_op(
     num_rows = src.shape[0] if src.dim() == 2 else 1
     if num_reqs == 0:
         return
-    token_blocks = torch.sym_max(1, cdiv(max_query_len, BLOCK_TOKENS_1D))
+    token_blocks = max_query_len // BLOCK_TOKENS_1D + 1  # >= 1 even for empty windows; no sym_max node
     wrap_triton(_shift_and_cache_1d_kernel)[(num_reqs, token_blocks, num_rows)](
         src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens,
         src.shape[-1], num_reqs,
@@ -449,7 +449,7 @@ def _shift_and_cache_hidden_op(
     num_reqs, max_shift, hidden = cache.shape[0], int(cache.shape[1]), cache.shape[2]
     if num_reqs == 0 or hidden == 0:
         return
-    token_blocks = torch.sym_max(1, cdiv(max_query_len, BLOCK_TOKENS_HIDDEN))
+    token_blocks = max_query_len // BLOCK_TOKENS_HIDDEN + 1
     wrap_triton(_shift_and_cache_hidden_kernel)[(num_reqs, token_blocks, cdiv(hidden, BLOCK_HIDDEN))](
         src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens,
         src.shape[0], hidden,

@@ -239,6 +239,9 @@ class MultiLayerEagleProposer(EagleProposer):
         Views, except M-RoPE positions ([3, max_num_reqs, S] sliced on dim 1), which
         are copied and written back by `store_cache_rows`."""
         c = self.shift_cache
+        # Tells the compiler B <= max_num_reqs, so rows[:B] has size B (not min(B, max),
+        # an unbacked size that later shape checks could not decide).
+        torch._check(num_reqs <= self.max_num_reqs)
         positions = c.positions[:, :num_reqs].contiguous() if c.positions.dim() == 3 else c.positions[:num_reqs]
         return ShiftCache(
             token_ids=c.token_ids[:num_reqs],
