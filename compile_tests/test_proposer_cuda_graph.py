@@ -1,6 +1,6 @@
 """On a GPU: the bf16 propose loop compiled with mode="reduce-overhead" is one
 CUDA graph: after warm-up, each propose call replays exactly one graph, and its
-tokens equal eager's."""
+outputs equal the same compiled loop run without graphs."""
 
 import sys
 from pathlib import Path
@@ -35,9 +35,11 @@ def test_reduce_overhead_is_one_graph_replay_per_call(method, sampling):
                              blocks_per_request=8, temperatures=[0.0, 1.0, 0.7], device="cuda", dtype=torch.bfloat16)  # fmt: skip
     config = SpeculativeConfig(method=method, num_speculative_tokens=3, max_model_len=64, block_size=4,
                                draft_sampling=sampling, return_probs="probs" if sampling == "probabilistic" else None)  # fmt: skip
-    eager = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
+    plain = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
     graphed = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
-    compiled = torch.compile(graphed.propose, mode="reduce-overhead", fullgraph=True)
+    # dynamic=False: static shapes, as a captured graph has anyway.
+    compiled = torch.compile(graphed.propose, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    reference = torch.compile(plain.propose, fullgraph=True, dynamic=False)
 
     def call():
         torch.compiler.cudagraph_mark_step_begin()
@@ -47,8 +49,12 @@ def test_reduce_overhead_is_one_graph_replay_per_call(method, sampling):
         for _ in range(3):  # warm-up: compile, record the graph
             call()
         assert graph_launches(call) == 1
-        want = eager.propose(*batch.propose_args())
+        for _ in range(3):  # the reference's caches go through the same three calls
+            want = reference(*batch.propose_args())
         got = call()
+    # The same Inductor kernels with and without the graph: identical results. (Against
+    # eager, bf16 rounding differs and flips near-tied argmaxes of a random tiny head;
+    # eager equality is checked in fp32 by test_proposer_compile.py.)
     assert torch.equal(got.draft_tokens, want.draft_tokens)
     if sampling == "probabilistic":
-        torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=2e-2, atol=2e-3)
+        torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=0, atol=0)

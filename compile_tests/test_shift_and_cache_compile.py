@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import DEVICE
 from specdraft import ShiftCache, adjust_input
 from specdraft.testing import CompileCounts, ShiftLayout, fresh_compile
 
@@ -121,6 +122,15 @@ def test_fullgraph_equals_eager_without_graph_breaks(device, mrope):
     assert counts.compiles == 1
 
 
+TORCH_2_11_TRITON_DYNAMIC_BUG = pytest.mark.xfail(
+    condition=DEVICE == "cuda" and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 12),
+    reason="pytorch/pytorch#181735: Inductor's decomposition of a mutating triton kernel asserts under "
+    "dynamic shapes (fixed upstream by pytorch/pytorch#183334); the CPU lane runs this test for real",
+    strict=False,
+)
+
+
+@TORCH_2_11_TRITON_DYNAMIC_BUG
 def test_dynamic_shapes_compile_once_across_batch_sizes(device):
     compiled = fresh_compile(adjust_input, fullgraph=True, dynamic=True)
     with CompileCounts.measure() as counts:
