@@ -4,13 +4,15 @@ mode="reduce-overhead", against the floor: the K draft forwards alone (the same
 model calls with the metadata prepared outside, argmax sampling), compiled and
 captured as one CUDA graph too.
 
-    python benchmarks/bench_propose.py            # B = 1, 8, 64, 256; K = 3, 5
+    python benchmarks/bench_propose.py --k 3      # B = 1, 8, 64, 256
+    python benchmarks/bench_propose.py --k 5
 
 Decode-shaped batches: each request verified K + 1 target tokens after a
 512-token context. Times are wall-clock per call (events around the call, launch
 overhead included: that is what reduce-overhead removes), medians in µs.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -91,21 +93,26 @@ def graph_call(compiled):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--k", type=int, nargs="+", default=[3, 5], help="numbers of speculative tokens")
+    opts = parser.parse_args()
     head = llama8b_head()
     batch_sizes = (1, 8, 64, 256)
-    # One cache for the largest batch; smaller batches use a prefix of its blocks, so
-    # one proposer (and one dynamic compile per K) serves every batch size.
+    # One cache for the largest batch; smaller batches use a prefix of its blocks.
     kv = head.allocate_kv_caches(max(batch_sizes) * BLOCKS_PER_REQUEST, BLOCK_SIZE, device="cuda")
+    torch._dynamo.config.cache_size_limit = 64
     rows = []
-    with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False):
-        for k in (3, 5):
+    with torch.no_grad():
+        for k in opts.k:
             config = SpeculativeConfig(
                 method="eagle", num_speculative_tokens=k, max_model_len=4096, block_size=BLOCK_SIZE
             )
             proposer = EagleProposer(head, config, kv)
-            compiled = torch.compile(proposer.propose, fullgraph=True, dynamic=True)
-            reduced = graph_call(torch.compile(proposer.propose, fullgraph=True, dynamic=True, mode="reduce-overhead"))
-            floor = graph_call(torch.compile(forwards_alone, fullgraph=True, dynamic=True, mode="reduce-overhead"))
+            # Static shapes, one graph per batch size, as an engine captures per size
+            # (torch 2.11's Inductor fails on this loop with dynamic=True: pytorch#181735).
+            compiled = torch.compile(proposer.propose, fullgraph=True, dynamic=False)
+            reduced = graph_call(torch.compile(proposer.propose, fullgraph=True, dynamic=False, mode="reduce-overhead"))
+            floor = graph_call(torch.compile(forwards_alone, fullgraph=True, dynamic=False, mode="reduce-overhead"))
             for num_reqs in batch_sizes:
                 batch = decode_batch(num_reqs, k)
                 args, floor_args = batch.propose_args(), (head, kv, *forwards_alone_inputs(batch, k))
@@ -118,7 +125,8 @@ def main():
                 print(rows[-1], flush=True)
     headers = ["K", "B", "eager µs", "compiled µs", "reduce-overhead µs", "K forwards alone (compiled, graph) µs",
                "reduce-overhead / forwards", "eager / reduce-overhead"]  # fmt: skip
-    emit("propose", f"Device: {device_name()}. Llama-3-8B-shaped EAGLE head, bf16, greedy, context {CONTEXT}.\n\n"
+    emit(f"propose_k{'_'.join(map(str, opts.k))}",
+         f"Device: {device_name()}. Llama-3-8B-shaped EAGLE head, bf16, greedy, context {CONTEXT}.\n\n"
          + markdown_table(headers, rows))  # fmt: skip
 
 

@@ -42,14 +42,18 @@ def check_rank(name: str, tensor: torch.Tensor, ranks: int | Iterable[int]) -> N
         raise ValueError(f"{name} must be {want}-D, got shape {tuple(tensor.shape)}")
 
 
+def same_size(got, want) -> bool:
+    """got == want for sizes; a symbolic size the compiler cannot decide (an unbacked
+    size under torch.compile) counts as equal instead of failing to guard."""
+    return guard_or_true(got == want)
+
+
 def check_shape(name: str, tensor: torch.Tensor, shape: tuple) -> None:
     message = f"{name} must have shape {tuple(shape)}, got {tuple(tensor.shape)}"
     if tensor.dim() != len(shape):
         raise ValueError(message)
     for got, want in zip(tensor.shape, shape, strict=True):
-        # Plain ints compare as usual; a symbolic size the compiler cannot decide
-        # (an unbacked size under torch.compile) passes instead of failing to guard.
-        if not guard_or_true(got == want):
+        if not same_size(got, want):
             raise ValueError(message)
 
 

@@ -41,6 +41,7 @@ from ._checks import (
     check_same_device,
     check_same_dtype,
     check_shape,
+    same_size,
 )
 from ._layout import window_of
 from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
@@ -548,7 +549,7 @@ def _check_shift_args(name_src, src, dst, cache, query_start_loc, token_indices_
     )
     # cache: [..., B, MAX_SHIFT] for 1-D rows (tokens last), [B, MAX_SHIFT, H] for hidden.
     req_dim, shift_dim = (-2, -1) if token_dim == -1 else (0, 1)
-    if cache.shape[req_dim] != num_reqs:
+    if not same_size(cache.shape[req_dim], num_reqs):
         raise ValueError(f"cache must hold one entry per request ({num_reqs}), got shape {tuple(cache.shape)}")
     _check_max_shift(cache.shape[shift_dim])
     if max_query_len is None:
