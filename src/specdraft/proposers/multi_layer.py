@@ -239,18 +239,21 @@ class MultiLayerEagleProposer(EagleProposer):
         Views, except M-RoPE positions ([3, max_num_reqs, S] sliced on dim 1), which
         are copied and written back by `store_cache_rows`."""
         c = self.shift_cache
-        # Tells the compiler B <= max_num_reqs, so rows[:B] has size B (not min(B, max),
-        # an unbacked size that later shape checks could not decide).
-        torch._check(num_reqs <= self.max_num_reqs)
-        positions = c.positions[:, :num_reqs].contiguous() if c.positions.dim() == 3 else c.positions[:num_reqs]
+        # narrow(0, 0, B), not [:B]: a slice has size min(B, rows), which dynamic shapes
+        # turn into an unbacked size that later checks cannot decide; narrow's is B.
+        positions = (
+            c.positions.narrow(1, 0, num_reqs).contiguous()
+            if c.positions.dim() == 3
+            else c.positions.narrow(0, 0, num_reqs)
+        )
         return ShiftCache(
-            token_ids=c.token_ids[:num_reqs],
+            token_ids=c.token_ids.narrow(0, 0, num_reqs),
             positions=positions,
-            hidden_states=c.hidden_states[:num_reqs],
-            cached_lens=c.cached_lens[:num_reqs],
-            slot_mapping=c.slot_mapping[:num_reqs],
+            hidden_states=c.hidden_states.narrow(0, 0, num_reqs),
+            cached_lens=c.cached_lens.narrow(0, 0, num_reqs),
+            slot_mapping=c.slot_mapping.narrow(0, 0, num_reqs),
         )
 
     def store_cache_rows(self, cache: ShiftCache, num_reqs: int) -> None:
         if self.shift_cache.positions.dim() == 3:
-            self.shift_cache.positions[:, :num_reqs].copy_(cache.positions)
+            self.shift_cache.positions.narrow(1, 0, num_reqs).copy_(cache.positions)
