@@ -48,7 +48,13 @@ gpu-test:
 
 gpu-bench:
 	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
-	$(PYTHON) benchmarks/bench_shift_and_cache.py
+	$(PYTHON) benchmarks/bench_shift_and_cache.py --tiles
+	$(PYTHON) benchmarks/bench_prepare_and_step.py
+	$(PYTHON) benchmarks/bench_expand.py
+	$(PYTHON) benchmarks/bench_sampling.py
+	$(PYTHON) benchmarks/bench_models.py
+	$(PYTHON) benchmarks/bench_propose.py --k 3
+	$(PYTHON) benchmarks/bench_propose.py --k 5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .pytest_cache .ruff_cache
