@@ -1,6 +1,7 @@
 """torch.compile(proposer.propose, fullgraph=True) equals eager, with no graph
 break, for EagleProposer x {greedy, probabilistic} x {1-D, M-RoPE} x {plain,
-padded, unpadded}; with dynamic=True, one compile serves batch sizes 1, 3, 17, 64.
+padded, unpadded, parallel drafting}; with dynamic=True, one compile serves batch
+sizes 1, 3, 17, 64.
 
 The matrix compiles with backend="aot_eager" (Dynamo fullgraph tracing plus AOT
 functionalization of every custom op: everything but Inductor's codegen), which
@@ -25,7 +26,7 @@ from specdraft.testing.proposers import make_draft_batch  # noqa: E402
 BLOCK_SIZE = 4
 
 
-def setup(method, sampling, mrope, query_lens, device, seed=0, k=3):
+def setup(method, sampling, mrope, query_lens, device, seed=0, k=3, parallel=False):
     head, target_hidden = make_head(method, mrope, seed)
     head = head.to(device)
     batch = make_draft_batch(
@@ -46,6 +47,8 @@ def setup(method, sampling, mrope, query_lens, device, seed=0, k=3):
         block_size=BLOCK_SIZE,
         draft_sampling=sampling,
         return_probs="probs" if sampling == "probabilistic" else None,
+        parallel_drafting=parallel,
+        parallel_drafting_token_id=7 if parallel else None,
     )
     num_blocks = len(query_lens) * 8
     return head, batch, config, num_blocks
@@ -55,8 +58,8 @@ def call(proposer, path, batch):
     rejected = torch.tensor(
         [b % 2 for b in range(batch.metadata.num_reqs)], dtype=torch.int32, device=batch.next_token_ids.device
     )
-    if path == "plain":
-        return proposer.propose(*batch.propose_args())
+    if path in ("plain", "parallel"):
+        return proposer.propose(*batch.propose_args(), num_rejected_tokens=rejected if path == "parallel" else None)
     if path == "padded":
         return proposer.propose(
             *batch.propose_args(),
@@ -70,7 +73,9 @@ def call(proposer, path, batch):
 
 
 def run_both(method, sampling, mrope, path, device, backend, k=3):
-    head, batch, config, num_blocks = setup(method, sampling, mrope, [5, 2, 7, 3], device, k=k)
+    head, batch, config, num_blocks = setup(
+        method, sampling, mrope, [5, 2, 7, 3], device, k=k, parallel=path == "parallel"
+    )
     eager = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
     compiled = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
     with torch.no_grad():
@@ -87,7 +92,7 @@ def run_both(method, sampling, mrope, path, device, backend, k=3):
     assert counts.compiles == 1
 
 
-@pytest.mark.parametrize("path", ["plain", "padded", "unpadded"])
+@pytest.mark.parametrize("path", ["plain", "padded", "unpadded", "parallel"])
 @pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
 @pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
@@ -105,12 +110,13 @@ def test_fullgraph_inductor(device, method, sampling, mrope, path):
     run_both(method, sampling, mrope, path, device, backend="inductor", k=2)
 
 
-def test_dynamic_batch_sizes_compile_once(device):
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
+def test_dynamic_batch_sizes_compile_once(device, parallel):
     """Batch sizes 1, 3, 17, 64 through one dynamic graph. Two settings make that
     possible, and an engine wants both: size-oblivious reasoning for backed sizes
     (else B = 1 is specialized and recompiles), and no duck sizing (else B = 3
     equals K = 3 and the graph guards on B == K)."""
-    head, _, config, _ = setup("eagle", "probabilistic", False, [1], device)
+    head, _, config, _ = setup("eagle", "probabilistic", False, [1], device, parallel=parallel)
     kv = head.allocate_kv_caches(64 * 8, BLOCK_SIZE, device=device)
     proposer = EagleProposer(head, config, kv)
     with (
