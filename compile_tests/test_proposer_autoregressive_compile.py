@@ -119,22 +119,23 @@ def test_decode_alone_compiles(device):
 
 
 def test_dynamic_batch_sizes_compile_once(device):
-    # 1-D positions (a [3, T] M-RoPE dim would duck-size with B = 3); every batch has
-    # the same longest window (max_query_len is a Python int, so a guard) and sizes
-    # that coincide with no other dim: B in {3, 17}, T in {15, 93}.
-    sizes = {3: [5, 1, 9], 17: [9, 1, 5, 3, 7, 2, 8, 4, 6, 9, 1, 2, 3, 9, 8, 7, 9]}
-    spec = make_spec(False, True, 17, device)
-    # The caches are fixed engine buffers: static, so that B + 1 = 4 does not duck-size
-    # with their block_size dim (4) and turn into a guard.
-    for cache in spec.kv_caches:
-        torch._dynamo.mark_static(cache)
+    """B = 1, 3, 17, 64 through one graph, with the settings an engine uses (as in
+    test_proposer_compile.py): size-oblivious backed sizes (else B = 1 specializes)
+    and no duck sizing (else B + 1 = 4 ties to the caches' block size 4). Every batch
+    has the same longest window: max_query_len is a Python int, so a guard."""
+    sizes = [[9], [5, 1, 9], [9, 1, 5, 3, 7, 2, 8, 4, 6, 9, 1, 2, 3, 9, 8, 7, 9], [1 + b % 9 for b in range(64)]]
+    spec = make_spec(False, True, 64, device)
     compiled = fresh_compile(spec.propose, fullgraph=True, dynamic=True, backend="aot_eager")
     eager_spec = twin(spec)
-    with CompileCounts.measure() as counts, torch.no_grad():
-        for query_lens in sizes.values():
+    with (
+        torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False),
+        CompileCounts.measure() as counts,
+        torch.no_grad(),
+    ):
+        for query_lens in sizes:
             batch = make_batch(query_lens, False, device, seed=len(query_lens))
             got = compiled(*args_of(batch))
             want = eager_spec.propose(*args_of(batch))
-            assert torch.equal(got.draft_tokens, want.draft_tokens)
+            assert torch.equal(got.draft_tokens, want.draft_tokens), len(query_lens)
             torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=1e-4, atol=1e-4)
     assert counts.graph_breaks == 0 and counts.compiles == 1, counts
