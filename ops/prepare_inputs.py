@@ -26,7 +26,7 @@ from ._checks import (
     check_shape,
 )
 from ._layout import window_of
-from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
+from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
 # Elementwise ops: one program per block of requests, one request per thread.
 BLOCK_REQS = 128
@@ -144,22 +144,29 @@ def _prepare_next_token_padded_kernel(
     depends on K: one compiled kernel for every K, also under dynamic shapes."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     req_mask = r < num_reqs
+    # Every load is issued before any of their values is used (the sampled ids are
+    # not masked by `discard`, which is applied afterwards): one memory round trip.
     discard = tl.load(discard_ptr + r, mask=req_mask, other=1).to(tl.int1)
-    live = req_mask & ~discard
+    backup = tl.load(backup_ptr + r, mask=req_mask, other=0).to(tl.int64)
     row = r.to(tl.int64)[:, None] * stride_req
     count = tl.zeros([BLOCK_R], dtype=tl.int32)
-    next_id = tl.load(backup_ptr + r, mask=req_mask, other=0).to(tl.int64)
+    last_k = tl.full([BLOCK_R], -1, dtype=tl.int32)
+    last_id = tl.zeros([BLOCK_R], dtype=tl.int64)
     for k0 in range(0, num_sampled, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        tile_mask = live[:, None] & (k < num_sampled)[None, :]
+        tile_mask = req_mask[:, None] & (k < num_sampled)[None, :]
         ids = tl.load(sampled_ptr + row + k.to(tl.int64)[None, :] * stride_tok, mask=tile_mask, other=-1)
         ids = ids.to(tl.int64)
         # vLLM tests `id != -1`; any negative id is as invalid as -1.
         valid = (ids >= 0) & (ids < vocab_size) & tile_mask
         count += tl.sum(valid.to(tl.int32), axis=1)
-        last_k = tl.max(tl.where(valid, k[None, :], -1), axis=1)
-        last_id = tl.sum(tl.where(k[None, :] == last_k[:, None], ids, 0), axis=1)
-        next_id = tl.where(last_k >= 0, last_id, next_id)
+        chunk_last = tl.max(tl.where(valid, k[None, :], -1), axis=1)
+        chunk_id = tl.sum(tl.where(k[None, :] == chunk_last[:, None], ids, 0), axis=1)
+        last_id = tl.where(chunk_last >= 0, chunk_id, last_id)
+        last_k = tl.maximum(last_k, chunk_last)
+    live = req_mask & ~discard
+    next_id = tl.where(live & (last_k >= 0), last_id, backup)
+    count = tl.where(live, count, 0)
     tl.store(next_out_ptr + r, next_id.to(next_out_ptr.dtype.element_ty), mask=req_mask)
     tl.store(count_out_ptr + r, count, mask=req_mask)
 
@@ -274,7 +281,9 @@ def _prepare_next_token_padded_op(
         wrap_triton(_prepare_next_token_padded_kernel)[(cdiv(num_reqs, BLOCK_REQS),)](
             sampled_token_ids, discard_request_mask, backup_next_token_ids, next_ids, count,
             vocab_size, num_reqs, num_sampled, sampled_token_ids.stride(0), sampled_token_ids.stride(1),
-            BLOCK_R=BLOCK_REQS, BLOCK_K=BLOCK_SAMPLED,
+            # K + 1 columns in one chunk when they fit: K is fixed per deployment, so
+            # int() specializes on it (B stays symbolic) and the tile is B x (K + 1).
+            BLOCK_R=BLOCK_REQS, BLOCK_K=min(BLOCK_SAMPLED, next_power_of_2(int(num_sampled))),
         )  # fmt: skip
     return next_ids, count
 
