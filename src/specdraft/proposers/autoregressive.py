@@ -34,8 +34,7 @@ from torch import nn
 
 from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
 from specdraft.ops import copy_and_expand_inputs
-from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_rank, check_shape
-from specdraft.ops.draft_sample import draft_sample
+from specdraft.ops._checks import check_shape
 from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows, static_min
 
 PADDING_SLOT_ID = -1
@@ -311,40 +310,12 @@ class AutoregressiveSpeculator(Proposer):
 
     def sample_at(self, logits, state: StepState, sampling: SamplingParams | None, probs_out, draft_step):
         """As Proposer.sample, with the buffer row chosen by a device step counter."""
-        if self.config.draft_sampling == "greedy" and probs_out is None:
-            return logits.argmax(dim=-1).to(torch.int32)
-        num_reqs = logits.shape[0]
-        if sampling is None or self.config.draft_sampling == "greedy":
-            temperature = torch.zeros(num_reqs, dtype=torch.float32, device=logits.device)
-            seeds = torch.zeros(num_reqs, dtype=torch.int64, device=logits.device)
-        else:
-            temperature, seeds = sampling.temperature, sampling.seeds
-        token_positions = first_row(state.positions) + 1
-        kwargs = {"salt": self.config.salt}
-        if probs_out is not None:
-            kwargs.update(probs_out=probs_out, step=draft_step, write=self.config.return_probs)
-        return draft_sample(logits.contiguous(), temperature, seeds, token_positions, **kwargs)
+        return self.draft_tokens(logits, first_row(state.positions) + 1, sampling, probs_out, draft_step)
 
     # ------------------------------------------------------------------ checks
 
     def check_prefill_inputs(self, target_token_ids, target_positions, next_token_ids, metadata, inputs_embeds):
-        check_dtype("target_token_ids", target_token_ids, INDEX_DTYPES)
-        check_rank("target_token_ids", target_token_ids, 1)
-        num_tokens = target_token_ids.shape[0]
-        check_dtype("target_positions", target_positions, INDEX_DTYPES)
-        check_rank("target_positions", target_positions, (1, 2))
-        if target_positions.shape[-1] != num_tokens or (target_positions.dim() == 2 and target_positions.shape[0] != 3):
-            raise ValueError(
-                f"target_positions must have shape ({num_tokens},) or (3, {num_tokens}), got {tuple(target_positions.shape)}"
-            )
-        num_reqs = metadata.num_reqs
-        check_shape("next_token_ids", next_token_ids, (num_reqs,))
-        check_shape("query_start_loc", metadata.query_start_loc, (num_reqs + 1,))
-        check_shape("slot_mapping", metadata.slot_mapping, (num_tokens,))
-        if metadata.block_table.dim() != 2 or metadata.block_table.shape[0] != num_reqs:
-            raise ValueError(
-                f"block_table must have shape ({num_reqs}, max_blocks), got {tuple(metadata.block_table.shape)}"
-            )
+        num_tokens = self.check_batch(target_token_ids, target_positions, next_token_ids, metadata)
         if inputs_embeds is not None:
             hidden = self.model.config.hidden_size
             check_shape("inputs_embeds", inputs_embeds, (num_tokens, hidden))

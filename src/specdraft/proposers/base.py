@@ -237,24 +237,41 @@ class Proposer:
         """Token `step` of every request. Its noise is keyed by the token's own
         position (the fed token's position + 1), so a request drafts the same
         tokens whatever batch it is in."""
+        step_index = None if probs_out is None else torch.full((), step, dtype=torch.int64, device=logits.device)
+        return self.draft_tokens(logits, first_row(state.positions) + 1, sampling, probs_out, step_index)
+
+    def draft_tokens(self, logits, token_positions, sampling: SamplingParams | None, probs_out, step_index, repeat=1):
+        """One draft token per row of logits: argmax when greedy (and no buffer to
+        fill), else draft_sample with each request's temperature and seed (repeated
+        `repeat` times when a request owns several consecutive rows), storing into
+        probs_out[:, step_index] when a buffer is given."""
         if self.config.draft_sampling == "greedy" and probs_out is None:
             return logits.argmax(dim=-1).to(torch.int32)
-        num_reqs = logits.shape[0]
+        rows_ = logits.shape[0]
         if sampling is None or self.config.draft_sampling == "greedy":
-            temperature = torch.zeros(num_reqs, dtype=torch.float32, device=logits.device)
-            seeds = torch.zeros(num_reqs, dtype=torch.int64, device=logits.device)
+            temperature = torch.zeros(rows_, dtype=torch.float32, device=logits.device)
+            seeds = torch.zeros(rows_, dtype=torch.int64, device=logits.device)
         else:
-            temperature, seeds = sampling.temperature, sampling.seeds
-        token_positions = first_row(state.positions) + 1
+            temperature = sampling.temperature.repeat_interleave(repeat) if repeat > 1 else sampling.temperature
+            seeds = sampling.seeds.repeat_interleave(repeat) if repeat > 1 else sampling.seeds
         kwargs = {"salt": self.config.salt}
         if probs_out is not None:
-            step_index = torch.full((), step, dtype=torch.int64, device=logits.device)
             kwargs.update(probs_out=probs_out, step=step_index, write=self.config.return_probs)
-        return draft_sample(logits.contiguous(), temperature, seeds, token_positions, **kwargs)
+        return draft_sample(logits.contiguous(), temperature, seeds, token_positions.long(), **kwargs)
 
     # ------------------------------------------------------------------ checks
 
     def check_inputs(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata):
+        num_tokens = self.check_batch(target_token_ids, target_positions, next_token_ids, metadata)
+        check_rank("target_hidden_states", target_hidden_states, 2)
+        if target_hidden_states.shape[0] != num_tokens:
+            raise ValueError(
+                f"target_hidden_states must have {num_tokens} rows, got {tuple(target_hidden_states.shape)}"
+            )
+
+    @staticmethod
+    def check_batch(target_token_ids, target_positions, next_token_ids, metadata) -> int:
+        """Token ids, positions, next tokens and the batch metadata agree; returns T."""
         check_dtype("target_token_ids", target_token_ids, INDEX_DTYPES)
         check_rank("target_token_ids", target_token_ids, 1)
         num_tokens = target_token_ids.shape[0]
@@ -264,11 +281,6 @@ class Proposer:
             raise ValueError(
                 f"target_positions must have shape ({num_tokens},) or (3, {num_tokens}), got {tuple(target_positions.shape)}"
             )
-        check_rank("target_hidden_states", target_hidden_states, 2)
-        if target_hidden_states.shape[0] != num_tokens:
-            raise ValueError(
-                f"target_hidden_states must have {num_tokens} rows, got {tuple(target_hidden_states.shape)}"
-            )
         num_reqs = metadata.num_reqs
         check_shape("next_token_ids", next_token_ids, (num_reqs,))
         check_shape("query_start_loc", metadata.query_start_loc, (num_reqs + 1,))
@@ -277,3 +289,4 @@ class Proposer:
             raise ValueError(
                 f"block_table must have shape ({num_reqs}, max_blocks), got {tuple(metadata.block_table.shape)}"
             )
+        return num_tokens

@@ -21,7 +21,6 @@ from specdraft.models.attention import AttentionMetadata
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
 from specdraft.ops._layout import window_of
 from specdraft.ops.copy_and_expand import copy_and_expand_inputs
-from specdraft.ops.draft_sample import draft_sample
 from specdraft.ops.parallel_drafting import extend_queries_by_n, new_slot_mapping
 from specdraft.proposers.base import DraftOutput, Proposer, first_row, rows, static_min
 
@@ -138,23 +137,15 @@ class EagleProposer(Proposer):
         return torch.where(expanded.is_masked_token_mask[:, None], fill, out)
 
     def sample_parallel(self, logits, token_positions, sampling: SamplingParams | None, num_reqs: int) -> DraftOutput:
-        """The B * K drafts in one draft_sample call (request-major rows)."""
+        """The B * K drafts in one call (request-major rows): the [B, K, V] buffer is
+        filled as B * K requests of one step each."""
         k = self.num_speculative_tokens
         probs_out = self.allocate_probs(num_reqs, logits.device)
-        if self.config.draft_sampling == "greedy" and probs_out is None:
-            return DraftOutput(logits.argmax(dim=-1).to(torch.int32).view(num_reqs, k), None)
-        if sampling is None or self.config.draft_sampling == "greedy":
-            temperature = torch.zeros(num_reqs * k, dtype=torch.float32, device=logits.device)
-            seeds = torch.zeros(num_reqs * k, dtype=torch.int64, device=logits.device)
-        else:
-            temperature = sampling.temperature.repeat_interleave(k)
-            seeds = sampling.seeds.repeat_interleave(k)
-        kwargs = {"salt": self.config.salt}
+        rows_out, step = None, None
         if probs_out is not None:
-            # [B, K, V] seen as B * K requests of one step each.
+            rows_out = probs_out.view(num_reqs * k, 1, -1)
             step = torch.zeros((), dtype=torch.int64, device=logits.device)
-            kwargs.update(probs_out=probs_out.view(num_reqs * k, 1, -1), step=step, write=self.config.return_probs)
-        tokens = draft_sample(logits.contiguous(), temperature, seeds, token_positions.long(), **kwargs)
+        tokens = self.draft_tokens(logits, token_positions, sampling, rows_out, step, repeat=k)
         return DraftOutput(tokens.view(num_reqs, k), probs_out)
 
     def repack_group_slots(self, metadata: BatchMetadata, index: torch.Tensor, real: torch.Tensor) -> BatchMetadata:
