@@ -14,6 +14,7 @@ from proposer_models import VOCAB, make_head  # noqa: E402
 
 from specdraft.config import SpeculativeConfig  # noqa: E402
 from specdraft.proposers import EagleProposer  # noqa: E402
+from specdraft.testing import fresh_compile  # noqa: E402
 from specdraft.testing.proposers import make_draft_batch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -38,7 +39,9 @@ def test_reduce_overhead_is_one_graph_replay_per_call(method, sampling):
     plain = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
     graphed = EagleProposer(head, config, head.allocate_kv_caches(24, 4, device="cuda"))
     # dynamic=False: static shapes, as a captured graph has anyway.
-    compiled = torch.compile(graphed.propose, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    # fresh_compile resets Dynamo first: every case compiles Proposer.propose for a new
+    # proposer, and one worker running several cases would hit the recompile limit.
+    compiled = fresh_compile(graphed.propose, mode="reduce-overhead", fullgraph=True, dynamic=False)
     reference = torch.compile(plain.propose, fullgraph=True, dynamic=False)
 
     def call():
