@@ -22,7 +22,7 @@ from test_proposer_multi import (  # noqa: E402
     make_multi_layer,
     multi_group_calls,
     multi_layer_calls,
-    padded_kwargs,
+    propose_by_path,
 )
 
 from specdraft.testing import CompileCounts, fresh_compile  # noqa: E402
@@ -74,18 +74,16 @@ def with_probs(proposer):
     return proposer
 
 
-def run_multi_layer(sampling, mrope, device, backend):
+def run_multi_layer(sampling, mrope, device, backend, path="padded"):
     eager = moved(with_probs(make_multi_layer(mrope, sampling)[1]), device)
     compiled = moved(with_probs(make_multi_layer(mrope, sampling)[1]), device)
     (first, _), (second, rejected) = list(multi_layer_calls(mrope, sampling))[:2]
     first, second = to(first, device), to(second, device)
-    kwargs = padded_kwargs(second, rejected)
-    kwargs = {k: v.to(device) for k, v in kwargs.items()}
     with torch.no_grad():
         for p in (eager, compiled):
             p.propose(*first.propose_args())
-        want = eager.propose(*second.propose_args(), **kwargs)
-        fn = fresh_compile(lambda: compiled.propose(*second.propose_args(), **kwargs), fullgraph=True, backend=backend)
+        want = propose_by_path(eager, second, rejected, path)
+        fn = fresh_compile(lambda: propose_by_path(compiled, second, rejected, path), fullgraph=True, backend=backend)
         with CompileCounts.measure() as counts:
             got = fn()
     check_same(eager, compiled, want, got, sampling == "probabilistic")
@@ -93,15 +91,14 @@ def run_multi_layer(sampling, mrope, device, backend):
     assert counts.compiles == 1
 
 
-def run_multi_group(sampling, mrope, device, backend):
+def run_multi_group(sampling, mrope, device, backend, path="padded"):
     eager = moved(with_probs(make_multi_group(mrope, sampling)[1]), device)
     compiled = moved(with_probs(make_multi_group(mrope, sampling)[1]), device)
     batch, rejected, _ = next(multi_group_calls(mrope, sampling))
     batch = to(batch, device)
-    kwargs = {k: v.to(device) for k, v in padded_kwargs(batch, rejected).items()}
     with torch.no_grad():
-        want = eager.propose(*batch.propose_args(), **kwargs)
-        fn = fresh_compile(lambda: compiled.propose(*batch.propose_args(), **kwargs), fullgraph=True, backend=backend)
+        want = propose_by_path(eager, batch, rejected, path)
+        fn = fresh_compile(lambda: propose_by_path(compiled, batch, rejected, path), fullgraph=True, backend=backend)
         with CompileCounts.measure() as counts:
             got = fn()
     check_same(eager, compiled, want, got, sampling == "probabilistic")
@@ -109,12 +106,13 @@ def run_multi_group(sampling, mrope, device, backend):
     assert counts.compiles == 1
 
 
+@pytest.mark.parametrize("path", ["padded", "unpadded"])
 @pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
 @pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
 @pytest.mark.parametrize("which", ["multi_layer", "multi_group"])
-def test_fullgraph_matrix_aot_eager(device, which, sampling, mrope):
+def test_fullgraph_matrix_aot_eager(device, which, sampling, mrope, path):
     run = run_multi_layer if which == "multi_layer" else run_multi_group
-    run(sampling, mrope, device, backend="aot_eager")
+    run(sampling, mrope, device, backend="aot_eager", path=path)
 
 
 def test_fullgraph_inductor_multi_layer(device):
