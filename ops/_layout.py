@@ -2,6 +2,9 @@
 
 import torch
 
+# A slot_mapping entry that writes no KV (vLLM's value).
+PADDING_SLOT_ID = -1
+
 
 def window_of(index: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """The window each index falls in: how many window ends (exclusive, non-

@@ -29,10 +29,9 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
-from ._layout import window_of
+from ._layout import PADDING_SLOT_ID, window_of
 from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 
-PADDING_SLOT_ID = -1
 BLOCK_TOKENS = 64
 NUM_WARPS = 2
 # Grid axis 1 is limited to 65535; programs stride over longer windows anyway.

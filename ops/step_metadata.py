@@ -32,9 +32,9 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
+from ._layout import PADDING_SLOT_ID
 from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 
-PADDING_SLOT_ID = -1
 BLOCK_REQS = 128
 MAX_POSITION_ROWS = 3
 

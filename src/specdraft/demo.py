@@ -41,6 +41,8 @@ def example_batch(device):
 def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     eager_in, compiled_in = example_batch(device), example_batch(device)
+    # The .tolist() / .item() calls below only print results, outside the compiled
+    # function: the host syncs are the point of a display.
     qsl = eager_in["query_start_loc"].tolist()
     print(f"device: {device}; 3 requests, MAX_SHIFT={MAX_SHIFT}\n")
     for b in range(3):

@@ -6,11 +6,12 @@ tiny target model, and loading from local HF-format folders."""
 from specdraft.models.attention import AttentionMetadata, paged_attention
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
-from specdraft.models.kv_cache import PADDING_SLOT_ID, allocate_kv_caches, kv_cache_shape, write_kv_cache
+from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape, write_kv_cache
 from specdraft.models.layers import DecoderLayer, RMSNorm
 from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
 from specdraft.models.rope import RotaryEmbedding
 from specdraft.models.target import TinyTargetModel, default_aux_layers
+from specdraft.ops._layout import PADDING_SLOT_ID
 
 __all__ = [
     "PADDING_SLOT_ID",

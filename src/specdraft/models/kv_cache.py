@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-PADDING_SLOT_ID = -1
-
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
     return (2, num_blocks, block_size, num_kv_heads, head_dim)

@@ -35,9 +35,8 @@ from torch import nn
 from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
 from specdraft.ops import copy_and_expand_inputs
 from specdraft.ops._checks import check_shape
+from specdraft.ops._layout import PADDING_SLOT_ID
 from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows, static_min
-
-PADDING_SLOT_ID = -1
 
 
 class DraftLM(nn.Module):

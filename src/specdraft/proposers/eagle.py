@@ -19,12 +19,10 @@ import torch
 from specdraft.config import BatchMetadata, SamplingParams
 from specdraft.models.attention import AttentionMetadata
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
-from specdraft.ops._layout import window_of
+from specdraft.ops._layout import PADDING_SLOT_ID, window_of
 from specdraft.ops.copy_and_expand import copy_and_expand_inputs
 from specdraft.ops.parallel_drafting import extend_queries_by_n, new_slot_mapping
 from specdraft.proposers.base import DraftOutput, Proposer, first_row, rows, static_min
-
-PADDING_SLOT_ID = -1
 
 
 def repack_slots(slot_mapping: torch.Tensor, index: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

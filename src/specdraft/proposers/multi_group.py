@@ -26,11 +26,10 @@ import torch
 from specdraft.config import BatchMetadata, SpeculativeConfig
 from specdraft.models.attention import AttentionMetadata
 from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
+from specdraft.ops._layout import PADDING_SLOT_ID
 from specdraft.ops.step_metadata import step_metadata
 from specdraft.proposers.base import FirstPass, StepState, static_min
 from specdraft.proposers.eagle import EagleProposer
-
-PADDING_SLOT_ID = -1
 
 
 @dataclass
