@@ -9,6 +9,7 @@ keeps this suite within CI's time on 2 cores; representative cases compile with
 Inductor too.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -132,3 +133,24 @@ def test_dynamic_batch_sizes_compile_once(device, parallel):
                 assert torch.equal(got.draft_tokens, want.draft_tokens), num_reqs
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"{counts.compiles} graphs for 4 batch sizes"
+
+
+def test_inductor_writes_the_kv_cache_in_place(device):
+    """The compiled loop scatters its new keys and values into the cache; it must
+    not rebuild the cache and copy all of it back (what Inductor does with a
+    mutation of a reshaped view of an input), a full-cache copy per propose call.
+    A kernel's extent is `xnumel = N` (Triton) or a loop bound `static_cast<int64_t>(NL)`
+    (C++); a whole-cache kernel has the cache's element count there."""
+    from torch._inductor.utils import run_and_get_code
+
+    head, batch, config, _ = setup("eagle", "greedy", False, [5, 2, 7, 3], device, k=2)
+    kv = head.allocate_kv_caches(101, BLOCK_SIZE, device=device)
+    proposer = EagleProposer(head, config, kv)
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        fn = fresh_compile(proposer.propose, fullgraph=True)
+        _, code = run_and_get_code(fn, *batch.propose_args())
+    code = "\n".join(code)
+    assert "def call" in code or "def run" in code, "no generated code captured"
+    whole_cache = kv[0].numel()
+    extent = rf"xnumel = {whole_cache}\b|static_cast<int64_t>\({whole_cache}L\)"
+    assert re.search(extent, code) is None, f"a kernel loops over the whole cache ({whole_cache} elements)"

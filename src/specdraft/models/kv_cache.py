@@ -67,19 +67,25 @@ def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         raise ValueError(f"slot_mapping must have shape [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
     if key.shape[0] == 0:
         return
-    flat = flat_slots(kv_cache)
+    two, num_blocks, block_size = kv_cache.shape[:3]
     slots = slot_mapping.to(torch.int64)
-    valid = (slots >= 0) & (slots < flat.shape[1])
+    valid = (slots >= 0) & (slots < num_blocks * block_size)
     rows = torch.stack([key, value]).to(kv_cache.dtype)  # [2, T, heads, dim]
     # index_select with a [1] tensor, not slots[first]: a 0-d index would be read on
     # the host (a data-dependent int under torch.compile).
     first = torch.argmax(valid.to(torch.int32)).view(1)  # 0 when no row is valid
     any_valid = valid.any()
     fallback_slot = torch.where(any_valid, slots.index_select(0, first), 0)  # [1]
-    # index_select, not flat[:, :1]: torch 2.11's Inductor cannot lower a slice view of
-    # the buffer this function then index_copy_'s into (NotImplementedError: SliceView).
-    slot_zero = torch.zeros(1, dtype=torch.int64, device=flat.device)
-    fallback_rows = torch.where(any_valid, rows.index_select(1, first), flat.index_select(1, slot_zero))
+    # index_select, not kv_cache[:, :1]: torch 2.11's Inductor cannot lower a slice
+    # view of the buffer this function then writes into (NotImplementedError: SliceView).
+    zero = torch.zeros(1, dtype=torch.int64, device=kv_cache.device)
+    slot_zero = kv_cache.index_select(1, zero).index_select(2, zero).view(two, 1, *kv_cache.shape[3:])
+    fallback_rows = torch.where(any_valid, rows.index_select(1, first), slot_zero)
     index = torch.where(valid, slots, fallback_slot)
     source = torch.where(valid[None, :, None, None], rows, fallback_rows)
-    flat.index_copy_(1, index, source)
+    # One index_put_ on the cache itself, not index_copy_ on a reshaped view of it:
+    # Inductor rewrites a view's mutation as "compute a new cache, copy it all back",
+    # a full-cache copy per compiled call; an index_put_ on the input stays a scatter.
+    half = torch.arange(two, device=kv_cache.device)[:, None].expand(two, index.shape[0])
+    block, offset = (index // block_size).expand(two, -1), (index % block_size).expand(two, -1)
+    kv_cache.index_put_((half, block, offset), source)
