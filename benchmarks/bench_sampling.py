@@ -1,15 +1,18 @@
 """draft_sample and rejection_sample: Triton op vs eager reference vs
 torch.compile(reference), at V = 32k and 152k, B in {1, 8, 64, 256}, K = 3.
 
-GB/s counts the bytes of logits read once (draft: B*V, rejection: B*(K+1)*V
-target logits plus B*K*V draft probs), the floor any implementation pays; the
-yardstick is harness.copy_bandwidth_gbs() (read + write of a 1 GiB copy). Target:
-draft_sample at V = 152k, B = 256 reaches >= 70 % of copy bandwidth. Random
-requests (T = 1) throughout: the greedy path skips the hash and is cheaper.
+GB/s counts the bytes an implementation must read, once: draft, the logits
+[B, V]; rejection, the K draft rows of target logits (acceptance statistics) plus
+the emitting row of target logits and of fp32 draft probs (the residual race).
+The yardstick is harness.copy_bandwidth_gbs() (read + write of a 1 GiB copy).
+Target: at V = 152k, B = 256 the logits are read at >= 70 % of copy bandwidth.
+Random requests (T = 1) throughout: the greedy path skips the hash and is cheaper.
 
-Run on a GPU machine: python benchmarks/bench_sampling.py  (about a minute).
+    python benchmarks/bench_sampling.py           # about a minute
+    python benchmarks/bench_sampling.py --tiles   # also draft_sample's tile sweep
 """
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -79,14 +82,41 @@ def bench_rejection(copy_gbs: float) -> str:
             eager_us = time_us(lambda a=args: rejection_sample_reference(*a))
             comp_us = time_us(lambda a=args: ref_rejection(*a))
             one_hot_us = time_us(lambda a=args: rejection_sample(a[0], a[1], None, *a[3:]))
-            read = gen_logits.numel() * gen_logits.element_size() + draft_probs.numel() * 4
+            # What the op must read: the K draft rows of target logits (softmax statistics
+            # for the acceptance tests), then the emitting row of target logits and of draft
+            # probs (the residual race). Not the bonus row nor the other draft-prob rows.
+            row = batch * vocab
+            read = NUM_SPEC * row * 2 + row * (2 + 4)
             rows.append([vocab, batch, op_us, eager_us, comp_us, gbs(read, op_us), 100 * gbs(read, op_us) / copy_gbs,
                          one_hot_us])  # fmt: skip
-    headers = ["V", "B", "op µs", "eager ref µs", "compiled ref µs", "op GB/s (inputs read)", "% of copy",
+    headers = ["V", "B", "op µs", "eager ref µs", "compiled ref µs", "op GB/s (bytes it must read)", "% of copy",
                "op, one-hot q µs"]  # fmt: skip
     return f"### rejection_sample (K = {NUM_SPEC}, bf16 target logits, fp32 draft probs, T = 1)\n\n" + markdown_table(
         headers, rows
     )
+
+
+def sweep_draft_tiles(copy_gbs: float) -> str:
+    """draft_sample's tile shape at V = 152k, B = 256: tokens per program (CHUNK_V),
+    per loop iteration (DRAFT_BLOCK_V) and warps; the module defaults are the first row."""
+    ds = importlib.import_module("specdraft.ops.draft_sample")  # the package re-exports a function by that name
+    defaults = (ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS)
+    configs = [defaults, (8192, 2048, 8), (16384, 2048, 8), (16384, 1024, 4), (8192, 512, 4)]
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randn(256, 152_064, device="cuda", dtype=dtype)
+        read = logits.numel() * logits.element_size()
+        for greedy in (False, True):
+            temperature, seeds, positions = request_params(256)
+            args = (logits, temperature * (0 if greedy else 1), seeds, positions)
+            for config in configs if not greedy else configs[:1]:
+                ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS = config
+                us = time_us(lambda a=args: draft_sample(*a))
+                rows.append([str(dtype).removeprefix("torch."), "greedy" if greedy else "T = 1", *config, us,
+                             100 * gbs(read, us) / copy_gbs])  # fmt: skip
+        ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS = defaults
+    headers = ["logits", "sampling", "CHUNK_V", "DRAFT_BLOCK_V", "num_warps", "µs", "% of copy"]
+    return "### draft_sample tiles (V = 152064, B = 256)\n\n" + markdown_table(headers, rows)
 
 
 def main() -> None:
@@ -94,6 +124,8 @@ def main() -> None:
         print("bench_sampling needs a CUDA device")
         return
     copy_gbs = copy_bandwidth_gbs()
+    if "--tiles" in sys.argv:
+        emit("bench_sampling_tiles", sweep_draft_tiles(copy_gbs))
     header = (
         f"{device_name()}; copy bandwidth {copy_gbs:.0f} GB/s; empty kernel {empty_kernel_us():.1f} µs; "
         "times are CUDA-graph medians"

@@ -3,7 +3,10 @@ rejection sampling shares with it.
 
 Each request b samples one token from logits[b] [V]:
 - temperature[b] == 0 (or below): greedy, argmax with the first index on ties;
-- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log(-log u).
+- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log(-log u),
+  computed in base 2 as argmax(logits * log2(e) / T - log2(-log2 u)): the same
+  argmax (the base change scales every key by log2(e) and shifts it by a
+  constant), one multiply-add and two hardware log2 per token.
 
 The noise. u is not drawn from a device RNG: it is a pure function of
 (seed, position, token index, salt, stream), so the same request samples the same
@@ -17,6 +20,9 @@ function (uint32 arithmetic, written twice side by side below, Triton and torch)
     row_key      = absorb(absorb(absorb(absorb(salt_key, seed_lo), seed_hi), pos_lo), pos_hi)
     bits(token)  = fmix(token * 0x9E3779B9 + row_key)
     u            = ((bits >> 9) + 0.5) * 2**-23                  (exact in fp32, never 0 or 1)
+
+(The kernels build u without an int-to-float conversion: (bits >> 9) as the
+mantissa of a float in [1, 2), minus 1 - 2**-24, which is exact and the same value.)
 
 23 bits, not 24: ((bits >> 8) + 0.5) * 2**-24 can be 1 - 2**-25, which rounds to
 1.0 in fp32 and makes the Gumbel noise -log(-log 1) = +inf.
@@ -32,7 +38,10 @@ seeds, draws exponentials from the global RNG and materialises probs / q for the
 argmax, the kernels here stream the vocabulary in blocks: online argmax, online
 softmax, no [B, V] temporaries. Each row is split across programs (CHUNK_V tokens
 each) so that small batches still fill the GPU; a second tiny pass combines the
-per-program partials and, if asked, writes the probabilities.
+per-program partials and, if asked, writes the probabilities. The argmax is kept
+per lane (one compare and two selects per token) and reduced across the block
+once per program, not once per block: at V = 152k the hash, the two logs and the
+bf16 loads are then all that is left per token.
 
 The optional buffer write stores this step's processed logits (logits / T) or
 probabilities softmax(logits / T) into out[:, step, :], with `step` a device scalar
@@ -59,12 +68,15 @@ from ._triton import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
 if TRITON_INTERPRET:
     # The interpreter emulates every lane of a block in NumPy: small blocks keep
     # its lane fast and make small test vocabularies span several blocks and chunks.
-    BLOCK_V, CHUNK_V = 16, 64
+    BLOCK_V, CHUNK_V, DRAFT_BLOCK_V = 16, 64, 16
 else:
-    BLOCK_V = 2048  # tokens per loop iteration of one program
+    BLOCK_V = 2048  # tokens per loop iteration of one program (rejection sampling)
     CHUNK_V = 8192  # tokens per program; a 152k vocab row spreads over 19 programs
+    DRAFT_BLOCK_V = 1024  # draft_sample's loop: 8 tokens per thread (benchmarks/README.md, tiles)
 SPLIT_BLOCK = 32  # partials combined per iteration of the combining loops
+FAST_LOG2 = not TRITON_INTERPRET  # the interpreter has no inline PTX: exact log2 there
 NUM_WARPS = 8
+DRAFT_NUM_WARPS = 4
 
 STREAM_DRAFT = 0
 STREAM_ACCEPT = 1
@@ -158,7 +170,10 @@ def noise_bits_torch(key: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _uniform(bits):
-    return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    # 1 + m * 2**-23 from the bits, then - (1 - 2**-24): exactly (m + 0.5) * 2**-23
+    # (2m + 1 < 2**24 fits the significand), without an int-to-float conversion.
+    one_plus = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
+    return one_plus - 0.999999940395355224609375
 
 
 def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
@@ -166,32 +181,93 @@ def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _exponential(bits):
-    return -tl.log(_uniform(bits))
-
-
-def exponential_torch(bits: torch.Tensor) -> torch.Tensor:
-    return -torch.log(uniform_torch(bits))
+def _log2(x, FAST: tl.constexpr):
+    """log2 of a positive normal fp32; FAST: the SFU instruction (lg2.approx,
+    about 2**-22 relative error), one issue slot instead of libdevice's polynomial."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
 
 
 @triton.jit
-def _gumbel(bits):
-    return -tl.log(_exponential(bits))
+def _exp2(x, FAST: tl.constexpr):
+    """2**x; FAST: the SFU instruction (ex2.approx.ftz, 2 ulp)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp2(x)
 
 
-def gumbel_torch(bits: torch.Tensor) -> torch.Tensor:
-    return -torch.log(exponential_torch(bits))
+@triton.jit
+def _rcp(x, FAST: tl.constexpr):
+    """1 / x; FAST: the SFU instruction (rcp.approx.ftz, 1 ulp) instead of a division."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _exponential2(bits, FAST: tl.constexpr):
+    """-log2(u): an Exp(1) variable divided by ln 2 (races compare ratios, so the
+    common factor does not change a winner)."""
+    return -_log2(_uniform(bits), FAST)
+
+
+def exponential2_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log2(uniform_torch(bits))
+
+
+@triton.jit
+def _log2_exponential2(bits, FAST: tl.constexpr):
+    """log2(-log2 u), minus the noise of the base-2 Gumbel-max key
+    x * log2(e) / T - _log2_exponential2 (-log2(-log2 u) is the Gumbel noise times
+    log2(e), plus a constant). |log2 u| rather than -log2 u: the SFU takes the
+    absolute value as an operand modifier, a negation would be one more instruction."""
+    return _log2(tl.abs(_log2(_uniform(bits), FAST)), FAST)
+
+
+def gumbel2_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log2(exponential2_torch(bits))
+
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _gumbel_gain(temp):
+    """log2(e) / T, the scale of the base-2 keys (1 for greedy rows: plain argmax)."""
+    return tl.where(temp <= 0, 1.0, tl.math.div_rn(1.4426950408889634, tl.where(temp <= 0, 1.0, temp)))
+
+
+def gumbel_gain_torch(temperature: torch.Tensor) -> torch.Tensor:
+    greedy = temperature <= 0
+    return torch.where(greedy, 1.0, LOG2E / torch.where(greedy, 1.0, temperature.float()))
 
 
 # ------------------------------------------------ block-wise reductions (shared)
 
 
 @triton.jit
-def _argmax_update(best, best_idx, keys, offset):
-    """Fold one block into a running (max, first index of the max)."""
-    block_best, block_idx = tl.max(keys, 0, return_indices=True, return_indices_tie_break_left=True)
-    better = block_best > best  # strict: an earlier index keeps a tie
-    return tl.where(better, block_best, best), tl.where(better, offset + block_idx, best_idx)
+def _lane_argmax_update(best, best_idx, keys, idx):
+    """Per-lane running (max, index); strict, so a lane keeps its earliest index on a
+    tie. NaN keys never win (every comparison with NaN is false)."""
+    better = keys > best
+    return tl.where(better, keys, best), tl.where(better, idx, best_idx)
+
+
+@triton.jit
+def _lane_argmax_finish(best, best_idx):
+    """(max, first index of the max) across the lanes of _lane_argmax_update."""
+    top = tl.max(best, 0)
+    return top, tl.min(tl.where(best == top, best_idx, 2147483647), 0)
 
 
 @triton.jit
@@ -241,6 +317,50 @@ def _combine_softmax(max_ptr, sum_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _scan_chunk(
+    row_ptr,
+    start,
+    end,
+    vocab,
+    gain,
+    scale,
+    key,
+    out_row,
+    out_limit,
+    NOISE: tl.constexpr,
+    WRITE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FAST_LOG2: tl.constexpr,
+):
+    """One program's tokens [start, end) of a row: the per-lane argmax of the keys
+    (logits * gain, plus base-2 Gumbel noise if NOISE), online-softmax statistics
+    of logits / scale (WRITE == 1) or their store (WRITE == 2)."""
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK], 0, tl.int32) + start
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.full([], 0.0, tl.float32)
+    # Prefetch: the next block's load is in flight while this block is hashed. The
+    # per-lane accumulators cost registers, so occupancy alone cannot keep enough
+    # bytes in flight (Little's law); a second load per thread does.
+    x_next = tl.load(row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf"))
+    for off in range(start, end, BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        x = x_next.to(tl.float32)
+        x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+        if NOISE:
+            keys = x * gain - _log2_exponential2(_noise_bits(key, idx), FAST_LOG2)  # one FFMA
+        else:
+            keys = x * gain
+        best, best_idx = _lane_argmax_update(best, best_idx, keys, idx)
+        if WRITE == 1:
+            run_max, run_sum = _softmax_update(run_max, run_sum, x / scale)
+        if WRITE == 2:
+            tl.store(out_row + idx, x / scale, mask=idx < out_limit)
+    best, best_idx = _lane_argmax_finish(best, best_idx)
+    return best, best_idx, run_max, run_sum
+
+
+@triton.jit
 def _draft_partials_kernel(
     logits_ptr,
     temperature_ptr,
@@ -259,14 +379,17 @@ def _draft_partials_kernel(
     WRITE: tl.constexpr,  # 0: nothing, 1: probs (stats here, values in pass 2), 2: logits
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    FAST_LOG2: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temperature_ptr + row).to(tl.float32)
     greedy = temp <= 0
     scale = tl.where(greedy, 1.0, temp)
+    gain = _gumbel_gain(temp)
     key = _row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
     row_ptr = logits_ptr + row * vocab
+    out_row, out_limit = out_ptr, 0
     if WRITE == 2:
         step = tl.load(step_ptr).to(tl.int64)
         # A step outside [0, K) stores nothing: every store index fails idx < 0.
@@ -274,23 +397,16 @@ def _draft_partials_kernel(
         out_row = out_ptr + (row * num_steps + step) * vocab
 
     start = split * CHUNK
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = start
-    run_max = tl.full([], float("-inf"), tl.float32)
-    run_sum = tl.full([], 0.0, tl.float32)
-    for off in range(start, tl.minimum(start + CHUNK, vocab), BLOCK):
-        idx = off + tl.arange(0, BLOCK)
-        mask = idx < vocab
-        z = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / scale
-        if greedy:
-            keys = z
-        else:
-            keys = z + _gumbel(_noise_bits(key, idx))
-        best, best_idx = _argmax_update(best, best_idx, keys, off)
-        if WRITE == 1:
-            run_max, run_sum = _softmax_update(run_max, run_sum, z)
-        if WRITE == 2:
-            tl.store(out_row + idx, z, mask=idx < out_limit)
+    end = tl.minimum(start + CHUNK, vocab)
+    # The greedy / random branch outside the token loop: each loop body is straight-line code.
+    if greedy:
+        best, best_idx, run_max, run_sum = _scan_chunk(
+            row_ptr, start, end, vocab, gain, scale, key, out_row, out_limit, False, WRITE, BLOCK, FAST_LOG2
+        )
+    else:
+        best, best_idx, run_max, run_sum = _scan_chunk(
+            row_ptr, start, end, vocab, gain, scale, key, out_row, out_limit, True, WRITE, BLOCK, FAST_LOG2
+        )
 
     part = row * num_splits + split
     tl.store(part_key_ptr + part, best)
@@ -360,10 +476,10 @@ def _scaled_logits(logits: torch.Tensor, temperature: torch.Tensor):
 
 
 def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0) -> torch.Tensor:
-    z, greedy = _scaled_logits(logits, temperature)
     token = torch.arange(logits.shape[-1], device=logits.device)
     bits = noise_bits_torch(row_key_torch(seeds, positions, salt_key(salt, STREAM_DRAFT))[:, None], token)
-    keys = torch.where(greedy[:, None], z, z + gumbel_torch(bits))
+    keys = logits.float() * gumbel_gain_torch(temperature)[:, None]
+    keys = torch.where((temperature <= 0)[:, None], keys, keys + gumbel2_torch(bits))
     return keys.argmax(-1).to(torch.int32)
 
 
@@ -413,7 +529,8 @@ def _launch_draft(logits, temperature, seeds, positions, out, step, salt: int, w
     wrap_triton(_draft_partials_kernel)[(num_reqs, num_splits)](
         logits, temperature, seeds, positions, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
         vocab, num_splits, num_steps,
-        SALT_KEY=salt_key(salt, STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=BLOCK_V, num_warps=NUM_WARPS,
+        SALT_KEY=salt_key(salt, STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=DRAFT_BLOCK_V, FAST_LOG2=FAST_LOG2,
+        num_warps=DRAFT_NUM_WARPS,
     )  # fmt: skip
     wrap_triton(_draft_finish_kernel)[(num_reqs, num_splits if write == 1 else 1)](
         logits, temperature, tokens, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,

@@ -50,23 +50,28 @@ from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
 from .draft_sample import (
     BLOCK_V,
     CHUNK_V,
+    FAST_LOG2,
     NUM_WARPS,
     SPLIT_BLOCK,
     STREAM_ACCEPT,
     STREAM_SAMPLE,
-    _argmax_update,
     _combine_argmax,
     _combine_softmax,
-    _exponential,
-    _gumbel,
+    _exp2,
+    _exponential2,
+    _gumbel_gain,
+    _lane_argmax_finish,
+    _lane_argmax_update,
+    _log2_exponential2,
     _noise_bits,
+    _rcp,
     _row_key,
-    _softmax_update,
     _uniform,
     check_request_params,
     check_salt,
-    exponential_torch,
-    gumbel_torch,
+    exponential2_torch,
+    gumbel2_torch,
+    gumbel_gain_torch,
     noise_bits_torch,
     row_key_torch,
     salt_key,
@@ -74,6 +79,25 @@ from .draft_sample import (
 )
 
 # --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _lane_softmax_update(lane_max, lane_sum, z2, FAST: tl.constexpr):
+    """Online softmax statistics per lane, z2 in base-2 units: one exp2 per token
+    (rescale the sum when the max grows, else add the new term)."""
+    d = z2 - lane_max
+    e = _exp2(-tl.abs(d), FAST)
+    lane_sum = tl.where(d > 0, lane_sum * e + 1.0, lane_sum + e)
+    return tl.maximum(lane_max, z2), lane_sum
+
+
+@triton.jit
+def _lane_softmax_finish(lane_max, lane_sum):
+    """(max, sum) across lanes in natural units: sum_i e**(z_i - max), the same
+    number as the base-2 sum, with the max converted by ln 2."""
+    top = tl.max(lane_max, 0)
+    total = tl.sum(lane_sum * tl.exp2(lane_max - top), 0)
+    return top * 0.6931471805599453, total
 
 
 @triton.jit
@@ -90,6 +114,7 @@ def _rs_stats_kernel(
     num_splits,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    FAST_LOG2: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -102,17 +127,32 @@ def _rs_stats_kernel(
         row = req * (num_spec + 1) + j
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
-        best = tl.full([], float("-inf"), tl.float32)
-        best_idx = start
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_idx = tl.full([BLOCK], 0, tl.int32) + start
         run_max = tl.full([], float("-inf"), tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
-        for off in range(start, tl.minimum(start + CHUNK, vocab), BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-            if greedy:
-                best, best_idx = _argmax_update(best, best_idx, x, off)
-            else:
-                run_max, run_sum = _softmax_update(run_max, run_sum, x / temp)
+        end = tl.minimum(start + CHUNK, vocab)
+        # Both loops prefetch the next block while they work on this one (see _scan_chunk).
+        x_next = tl.load(
+            row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf")
+        )
+        if greedy:
+            for off in range(start, end, BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                x = x_next.to(tl.float32)
+                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                best, best_idx = _lane_argmax_update(best, best_idx, x, idx)
+        else:  # online softmax per lane, in base 2: no reduction inside the loop
+            gain = _gumbel_gain(temp)
+            lane_max = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)  # finite: -inf - -inf is NaN
+            lane_sum = tl.zeros([BLOCK], tl.float32)
+            for off in range(start, end, BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                x = x_next.to(tl.float32)
+                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                lane_max, lane_sum = _lane_softmax_update(lane_max, lane_sum, x * gain, FAST_LOG2)
+            run_max, run_sum = _lane_softmax_finish(lane_max, lane_sum)
+        best, best_idx = _lane_argmax_finish(best, best_idx)
         part = row * num_splits + split
         tl.store(part_key_ptr + part, best)
         tl.store(part_idx_ptr + part, best_idx)
@@ -188,6 +228,7 @@ def _rs_chain_kernel(
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr,
+    FAST_LOG2: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -230,31 +271,51 @@ def _rs_chain_kernel(
         key = _row_key(seed, position + count, SAMPLE_KEY)
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
-        race, race_idx = tl.full([], float("-inf"), tl.float32), start
-        fall, fall_idx = tl.full([], float("-inf"), tl.float32), start
+        race, race_idx = tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], 0, tl.int32) + start
+        fall, fall_idx = race, race_idx
         if count < num_draft:  # rejected at row `count`: race over the residual
             run_max, run_sum = _combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
             rejected = tl.load(draft_base + count).to(tl.int64)
             q_ptr = draft_probs_ptr + (req * num_spec + count) * vocab
-            for off in range(start, tl.minimum(start + CHUNK, vocab), BLOCK):
+            # p = softmax in base 2: 2**(x * log2(e) / T - max * log2(e)) / sum, with the
+            # division and the per-token division by T hoisted out of the loop.
+            gain, max2, inv_sum = _gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum
+            end = tl.minimum(start + CHUNK, vocab)
+            first = start + tl.arange(0, BLOCK)
+            x_next = tl.load(row_ptr + first, mask=first < end, other=float("-inf"))  # prefetch, as in stats
+            if HAS_DRAFT_PROBS:
+                q_next = tl.load(q_ptr + first, mask=first < end, other=0.0)
+            for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
-                mask = idx < vocab
-                x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32)
-                p = tl.exp(x / temp - run_max) / run_sum
+                mask = idx < end
+                x = x_next.to(tl.float32)
+                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                p = _exp2(x * gain - max2, FAST_LOG2) * inv_sum
                 if HAS_DRAFT_PROBS:
-                    q = tl.load(q_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+                    q = q_next.to(tl.float32)
+                    q_next = tl.load(q_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=0.0)
                 else:
                     q = (idx == rejected).to(tl.float32)
-                e = _exponential(_noise_bits(key, idx))
-                race_keys = tl.where(mask, tl.maximum(p - q, 0.0) / e, float("-inf"))
-                fall_keys = tl.where(mask, p / e, float("-inf"))
-                race, race_idx = _argmax_update(race, race_idx, race_keys, off)
-                fall, fall_idx = _argmax_update(fall, fall_idx, fall_keys, off)
-        else:  # all accepted: the bonus token, Gumbel-max over target / T
-            for off in range(start, tl.minimum(start + CHUNK, vocab), BLOCK):
+                # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
+                inv_e = _rcp(_exponential2(_noise_bits(key, idx), FAST_LOG2), FAST_LOG2)
+                race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
+                fall_keys = tl.where(mask, p * inv_e, float("-inf"))
+                race, race_idx = _lane_argmax_update(race, race_idx, race_keys, idx)
+                fall, fall_idx = _lane_argmax_update(fall, fall_idx, fall_keys, idx)
+        else:  # all accepted: the bonus token, base-2 Gumbel-max over target / T
+            gain = _gumbel_gain(temp)
+            end = tl.minimum(start + CHUNK, vocab)
+            x_next = tl.load(
+                row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf")
+            )
+            for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-                race, race_idx = _argmax_update(race, race_idx, x / temp + _gumbel(_noise_bits(key, idx)), off)
+                x = x_next.to(tl.float32)
+                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                keys = x * gain - _log2_exponential2(_noise_bits(key, idx), FAST_LOG2)
+                race, race_idx = _lane_argmax_update(race, race_idx, keys, idx)
+        race, race_idx = _lane_argmax_finish(race, race_idx)
+        fall, fall_idx = _lane_argmax_finish(fall, fall_idx)
         part = req * num_splits + split
         tl.store(race_key_ptr + part, race)
         tl.store(race_idx_ptr + part, race_idx)
@@ -327,16 +388,16 @@ def rejection_sample_reference(
     token = torch.arange(vocab, device=device)
     sample_keys = row_key_torch(seeds, positions.long() + count, salt_key(salt, STREAM_SAMPLE))
     bits = noise_bits_torch(sample_keys[:, None], token)
-    p_c, z_c = _gather_rows(p, count), _gather_rows(z, count)
+    p_c = _gather_rows(p, count)
     q_row = count.clamp(max=num_spec - 1)
     if draft_probs is None:
         q_c = (token == draft.gather(1, q_row[:, None])).float()
     else:
         q_c = _gather_rows(draft_probs.float(), q_row)
-    e = exponential_torch(bits)
+    e = exponential2_torch(bits)  # E / ln 2: the same winners as E
     race = (p_c - q_c).clamp(min=0) / e
     recovered = torch.where((race > 0).any(-1), race.argmax(-1), (p_c / e).argmax(-1))
-    bonus = (z_c + gumbel_torch(bits)).argmax(-1)
+    bonus = (_gather_rows(x, count) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits)).argmax(-1)
     random_token = torch.where(count < num_draft, recovered, bonus)
     emitted = torch.where(greedy, target_argmax.gather(1, count[:, None])[:, 0], random_token)
 
@@ -370,7 +431,7 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
 
     wrap_triton(_rs_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
         target_logits, num_draft_tokens, temperature, part_key, part_idx, part_max, part_sum,
-        vocab, num_spec, num_splits, CHUNK=CHUNK_V, BLOCK=BLOCK_V, num_warps=NUM_WARPS,
+        vocab, num_spec, num_splits, CHUNK=CHUNK_V, BLOCK=BLOCK_V, FAST_LOG2=FAST_LOG2, num_warps=NUM_WARPS,
     )  # fmt: skip
     wrap_triton(_rs_chain_kernel)[(num_reqs, num_splits)](
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
@@ -378,7 +439,7 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
         vocab, num_spec, num_splits,
         ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
         HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=CHUNK_V, BLOCK=BLOCK_V, SPLIT_BLOCK=SPLIT_BLOCK,
-        num_warps=NUM_WARPS,
+        FAST_LOG2=FAST_LOG2, num_warps=NUM_WARPS,
     )  # fmt: skip
     wrap_triton(_rs_finish_kernel)[(num_reqs,)](
         num_draft_tokens, temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx,
