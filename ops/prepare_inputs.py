@@ -37,8 +37,10 @@ BLOCK_REQS = 128
 # compiled kernel serves every B, also under dynamic shapes.
 BLOCK_TOKENS = 32
 BLOCK_SCAN = 256
-# prepare_next_token_padded: K+1 columns read BLOCK_SAMPLED at a time.
+# prepare_next_token_padded: K+1 columns read BLOCK_SAMPLED at a time, NEXT_BLOCK_REQS
+# requests per program in one warp: its reductions along K never leave the warp.
 BLOCK_SAMPLED = 16
+NEXT_BLOCK_REQS = 32
 
 
 class EagleInputs(NamedTuple):
@@ -150,8 +152,9 @@ def _prepare_next_token_padded_kernel(
     backup = tl.load(backup_ptr + r, mask=req_mask, other=0).to(tl.int64)
     row = r.to(tl.int64)[:, None] * stride_req
     count = tl.zeros([BLOCK_R], dtype=tl.int32)
-    last_k = tl.full([BLOCK_R], -1, dtype=tl.int32)
-    last_id = tl.zeros([BLOCK_R], dtype=tl.int64)
+    # The last valid (column, id) in one max: column in the high word, the id (in
+    # [0, vocab), so non-negative) in the low word; -1 while none is valid.
+    last = tl.full([BLOCK_R], -1, dtype=tl.int64)
     for k0 in range(0, num_sampled, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         tile_mask = req_mask[:, None] & (k < num_sampled)[None, :]
@@ -160,12 +163,10 @@ def _prepare_next_token_padded_kernel(
         # vLLM tests `id != -1`; any negative id is as invalid as -1.
         valid = (ids >= 0) & (ids < vocab_size) & tile_mask
         count += tl.sum(valid.to(tl.int32), axis=1)
-        chunk_last = tl.max(tl.where(valid, k[None, :], -1), axis=1)
-        chunk_id = tl.sum(tl.where(k[None, :] == chunk_last[:, None], ids, 0), axis=1)
-        last_id = tl.where(chunk_last >= 0, chunk_id, last_id)
-        last_k = tl.maximum(last_k, chunk_last)
+        packed = tl.where(valid, (k.to(tl.int64)[None, :] << 32) | ids, -1)
+        last = tl.maximum(last, tl.max(packed, axis=1))
     live = req_mask & ~discard
-    next_id = tl.where(live & (last_k >= 0), last_id, backup)
+    next_id = tl.where(live & (last >= 0), last & 0xFFFFFFFF, backup)
     count = tl.where(live, count, 0)
     tl.store(next_out_ptr + r, next_id.to(next_out_ptr.dtype.element_ty), mask=req_mask)
     tl.store(count_out_ptr + r, count, mask=req_mask)
@@ -278,12 +279,12 @@ def _prepare_next_token_padded_op(
     next_ids = torch.empty_like(backup_next_token_ids)
     count = torch.empty(num_reqs, dtype=torch.int32, device=sampled_token_ids.device)
     if num_reqs > 0:
-        wrap_triton(_prepare_next_token_padded_kernel)[(cdiv(num_reqs, BLOCK_REQS),)](
+        wrap_triton(_prepare_next_token_padded_kernel)[(cdiv(num_reqs, NEXT_BLOCK_REQS),)](
             sampled_token_ids, discard_request_mask, backup_next_token_ids, next_ids, count,
             vocab_size, num_reqs, num_sampled, sampled_token_ids.stride(0), sampled_token_ids.stride(1),
             # K + 1 columns in one chunk when they fit: K is fixed per deployment, so
             # int() specializes on it (B stays symbolic) and the tile is B x (K + 1).
-            BLOCK_R=BLOCK_REQS, BLOCK_K=min(BLOCK_SAMPLED, next_power_of_2(int(num_sampled))),
+            BLOCK_R=NEXT_BLOCK_REQS, BLOCK_K=min(BLOCK_SAMPLED, next_power_of_2(int(num_sampled))), num_warps=1,
         )  # fmt: skip
     return next_ids, count
 
