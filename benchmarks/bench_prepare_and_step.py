@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import device_name, emit, empty_kernel_us, markdown_table, time_us  # noqa: E402
+from harness import device_name, emit, empty_kernel_us, load_store_kernel_us, markdown_table, time_us  # noqa: E402
 
 import specdraft.ops.prepare_inputs as pi  # noqa: E402
 
@@ -116,9 +116,9 @@ def check_exact(name: str, batch: int) -> None:
 
 def main():
     torch._dynamo.config.cache_size_limit = 64
-    empty_us = empty_kernel_us()
+    empty_us, load_store_us = empty_kernel_us(), load_store_kernel_us()
     headers = ["op", "B", "triton op µs", "eager ref µs", "compile(ref) µs", "op / empty kernel",
-               "compile(ref) / op"]  # fmt: skip
+               "op / load-store kernel", "compile(ref) / op"]  # fmt: skip
     rows = []
     for name in COMPILED:
         for batch in BATCHES:
@@ -127,10 +127,12 @@ def main():
             t = rejection_batch(batch, gen) if name != "step_metadata" else step_batch(batch, gen)
             cells = {k: time_us(fn) for k, fn in runners(name, t).items()}
             op_us = cells["triton op"]
-            rows.append([name, batch, *cells.values(), op_us / empty_us, cells["compile(ref)"] / op_us])
+            rows.append([name, batch, *cells.values(), op_us / empty_us, op_us / load_store_us,
+                         cells["compile(ref)"] / op_us])  # fmt: skip
             print(rows[-1], flush=True)
     text = (
-        f"Device: {device_name()}; empty Triton kernel: {empty_us:.1f} µs.\n"
+        f"Device: {device_name()}; empty Triton kernel: {empty_us:.1f} µs; a kernel that loads one int32 "
+        f"and stores one: {load_store_us:.1f} µs.\n"
         f"K={K} drafts per request, block_size={BLOCK_SIZE}, max_model_len={MAX_MODEL_LEN}, "
         f"{PADDING} padding slots; times are CUDA-graph replays (median).\n\n" + markdown_table(headers, rows)
     )

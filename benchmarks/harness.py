@@ -32,6 +32,20 @@ def empty_kernel_us() -> float:
     return time_us(lambda: _empty_kernel[(1,)](x))
 
 
+@triton.jit
+def _load_store_kernel(src_ptr, dst_ptr):
+    tl.store(dst_ptr, tl.load(src_ptr) + 1)
+
+
+def load_store_kernel_us() -> float:
+    """The floor of any op that reads its input: one program that loads one int32
+    and stores one, timed the same way (the load's round trip is what it adds to
+    an empty launch)."""
+    src = torch.zeros(1, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    return time_us(lambda: _load_store_kernel[(1,)](src, dst))
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """The yardstick: a plain device-to-device copy, bytes read + written per second.
 
@@ -75,4 +89,14 @@ def device_name() -> str:
     return f"{torch.cuda.get_device_name()} (torch {torch.__version__}, triton {triton.__version__})"
 
 
-__all__ = ["tl", "time_us", "empty_kernel_us", "copy_bandwidth_gbs", "gbs", "compiled", "markdown_table", "emit"]
+__all__ = [
+    "tl",
+    "time_us",
+    "empty_kernel_us",
+    "load_store_kernel_us",
+    "copy_bandwidth_gbs",
+    "gbs",
+    "compiled",
+    "markdown_table",
+    "emit",
+]

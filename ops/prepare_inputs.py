@@ -31,12 +31,14 @@ from ._triton import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 # Elementwise ops: one program per block of requests, one request per thread.
 BLOCK_REQS = 128
 # prepare_eagle_input: a program owns BLOCK_TOKENS output rows and scans the requests
-# BLOCK_SCAN at a time; the [BLOCK_TOKENS, BLOCK_SCAN] compare tile (64 int32 a thread)
-# stays in registers. Wide scan blocks keep the serial loop short at B = 1024 (4
-# iterations); fixed sizes keep every constexpr independent of the batch, so one
-# compiled kernel serves every B, also under dynamic shapes.
-BLOCK_TOKENS = 32
-BLOCK_SCAN = 256
+# BLOCK_SCAN at a time with SCAN_WARPS warps; the [BLOCK_TOKENS, BLOCK_SCAN] compare
+# tile (32 int32 a thread) stays in registers. Small tiles and two warps keep B <= 64
+# near one memory round trip; B = 1024 takes 8 scan iterations (benchmarks/README.md).
+# Fixed sizes keep every constexpr independent of the batch, so one compiled kernel
+# serves every B, also under dynamic shapes.
+BLOCK_TOKENS = 16
+BLOCK_SCAN = 128
+SCAN_WARPS = 2
 # prepare_next_token_padded: K+1 columns read BLOCK_SAMPLED at a time, NEXT_BLOCK_REQS
 # requests per program in one warp: its reductions along K never leave the warp.
 BLOCK_SAMPLED = 16
@@ -240,7 +242,7 @@ def _prepare_eagle_input_op(
     grid = (torch.sym_max(1, cdiv(num_tokens, BLOCK_TOKENS)),)
     wrap_triton(_prepare_eagle_input_kernel)[grid](
         cu_target_query_lens, num_rejected_tokens, cu_num_tokens, token_indices, num_reqs, num_tokens,
-        BLOCK_TOKENS=BLOCK_TOKENS, BLOCK_SCAN=BLOCK_SCAN,
+        BLOCK_TOKENS=BLOCK_TOKENS, BLOCK_SCAN=BLOCK_SCAN, num_warps=SCAN_WARPS,
     )  # fmt: skip
     return cu_num_tokens, token_indices
 
