@@ -35,6 +35,7 @@ row c that emits. (3) per request: combine the races into the emitted token.
 """
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from ._checks import (
@@ -46,12 +47,12 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
-from ._triton import NAMESPACE, cdiv, tl, triton, use_triton
+from ._triton import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
 from .draft_sample import (
     BLOCK_V,
     CHUNK_V,
+    DRAFT_BLOCK_V,
     FAST_LOG2,
-    NUM_WARPS,
     SPLIT_BLOCK,
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -77,6 +78,18 @@ from .draft_sample import (
     salt_key,
     uniform_torch,
 )
+
+# Tiles (tokens per program, tokens per loop iteration, warps). Large batches want
+# long programs on narrow iterations (8 tokens a thread): at V = 152k, B = 256 they
+# read at 3.3 TB/s where the small tiles read at 2.2. Small batches want the
+# opposite (few programs, each a short serial loop): the large tiles double their
+# latency. The switch is taken only where B is a known number (eager, or a static
+# compile); under dynamic shapes the op stays on the small tiles instead of adding
+# a guard on B (benchmarks/README.md). The interpreter keeps draft_sample's tiny tiles.
+RS_TILES_SMALL = (CHUNK_V, BLOCK_V, 8) if not TRITON_INTERPRET else (CHUNK_V, BLOCK_V, 4)
+RS_TILES_LARGE = (2 * CHUNK_V, DRAFT_BLOCK_V, 4) if not TRITON_INTERPRET else (CHUNK_V, BLOCK_V, 4)
+RS_LARGE_FROM = 4 * 1024 * 1024  # B * V from which the large tiles pay
+
 
 # --------------------------------------------------------------------------- kernels
 
@@ -417,7 +430,9 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
     counts = torch.empty((num_reqs,), dtype=torch.int32, device=device)
     if num_reqs == 0:
         return tokens, counts
-    num_splits = cdiv(vocab, CHUNK_V)
+    large = statically_known_true(num_reqs * vocab >= RS_LARGE_FROM)
+    chunk, block, warps = RS_TILES_LARGE if large else RS_TILES_SMALL
+    num_splits = cdiv(vocab, chunk)
     stat_shape = (num_reqs, num_spec + 1, num_splits)
     part_key = torch.empty(stat_shape, dtype=torch.float32, device=device)
     part_idx = torch.empty(stat_shape, dtype=torch.int32, device=device)
@@ -431,15 +446,15 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
 
     wrap_triton(_rs_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
         target_logits, num_draft_tokens, temperature, part_key, part_idx, part_max, part_sum,
-        vocab, num_spec, num_splits, CHUNK=CHUNK_V, BLOCK=BLOCK_V, FAST_LOG2=FAST_LOG2, num_warps=NUM_WARPS,
+        vocab, num_spec, num_splits, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(_rs_chain_kernel)[(num_reqs, num_splits)](
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
         vocab, num_spec, num_splits,
         ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
-        HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=CHUNK_V, BLOCK=BLOCK_V, SPLIT_BLOCK=SPLIT_BLOCK,
-        FAST_LOG2=FAST_LOG2, num_warps=NUM_WARPS,
+        HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
+        FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(_rs_finish_kernel)[(num_reqs,)](
         num_draft_tokens, temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx,
