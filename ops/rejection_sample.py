@@ -12,7 +12,7 @@ with -1) and target logits for K + 1 rows (row n gives the bonus token):
   first rejection j, emit a sample of normalise(max(p_j - q_j, 0)); if all are
   accepted, emit a sample of p_n. A draft token outside [0, V) is rejected.
 
-Noise: the counter-based hash of draft_sample.py, at position positions[b] + j
+Noise: the counter-based hash of _noise.py, at position positions[b] + j
 for row j, in two streams of its own (so independent of the draft sampling noise
 at the same position): STREAM_ACCEPT for u_j (token index 0), STREAM_SAMPLE for
 the emitted token. The residual is sampled by the exponential race
@@ -47,13 +47,7 @@ from ._checks import (
     check_same_device,
     check_shape,
 )
-from ._triton import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
-from .draft_sample import (
-    BLOCK_V,
-    CHUNK_V,
-    DRAFT_BLOCK_V,
-    FAST_LOG2,
-    SPLIT_BLOCK,
+from ._noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
     _combine_argmax,
@@ -68,8 +62,6 @@ from .draft_sample import (
     _rcp,
     _row_key,
     _uniform,
-    check_request_params,
-    check_salt,
     exponential2_torch,
     gumbel2_torch,
     gumbel_gain_torch,
@@ -77,6 +69,16 @@ from .draft_sample import (
     row_key_torch,
     salt_key,
     uniform_torch,
+)
+from ._triton import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
+from .draft_sample import (
+    BLOCK_V,
+    CHUNK_V,
+    DRAFT_BLOCK_V,
+    FAST_LOG2,
+    SPLIT_BLOCK,
+    check_request_params,
+    check_salt,
 )
 
 # Tiles (tokens per program, tokens per loop iteration, warps). Large batches want
