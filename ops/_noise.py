@@ -213,6 +213,13 @@ def gumbel_gain_torch(temperature: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _load_block(ptr, idx, end, other):
+    """ptr[idx] where idx < end, else `other`: one block of a program's token range
+    (the token loops load the block after the current one with it, a prefetch)."""
+    return tl.load(ptr + idx, mask=idx < end, other=other)
+
+
+@triton.jit
 def _lane_argmax_update(best, best_idx, keys, idx):
     """Per-lane running (max, index); strict, so a lane keeps its earliest index on a
     tie. NaN keys never win (every comparison with NaN is false)."""

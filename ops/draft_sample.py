@@ -49,6 +49,7 @@ from ._noise import (
     _gumbel_gain,
     _lane_argmax_finish,
     _lane_argmax_update,
+    _load_block,
     _log2_exponential2,
     _noise_bits,
     _row_key,
@@ -104,11 +105,11 @@ def _scan_chunk(
     # Prefetch: the next block's load is in flight while this block is hashed. The
     # per-lane accumulators cost registers, so occupancy alone cannot keep enough
     # bytes in flight (Little's law); a second load per thread does.
-    x_next = tl.load(row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf"))
+    x_next = _load_block(row_ptr, start + tl.arange(0, BLOCK), end, float("-inf"))
     for off in range(start, end, BLOCK):
         idx = off + tl.arange(0, BLOCK)
         x = x_next.to(tl.float32)
-        x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+        x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
         if NOISE:
             keys = x * gain - _log2_exponential2(_noise_bits(key, idx), FAST_LOG2)  # one FFMA
         else:

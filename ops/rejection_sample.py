@@ -57,6 +57,7 @@ from ._noise import (
     _gumbel_gain,
     _lane_argmax_finish,
     _lane_argmax_update,
+    _load_block,
     _log2_exponential2,
     _noise_bits,
     _rcp,
@@ -76,6 +77,7 @@ from .draft_sample import (
     CHUNK_V,
     DRAFT_BLOCK_V,
     FAST_LOG2,
+    NUM_WARPS,
     SPLIT_BLOCK,
     check_request_params,
     check_salt,
@@ -88,7 +90,7 @@ from .draft_sample import (
 # latency. The switch is taken only where B is a known number (eager, or a static
 # compile); under dynamic shapes the op stays on the small tiles instead of adding
 # a guard on B (benchmarks/README.md). The interpreter keeps draft_sample's tiny tiles.
-RS_TILES_SMALL = (CHUNK_V, BLOCK_V, 8) if not TRITON_INTERPRET else (CHUNK_V, BLOCK_V, 4)
+RS_TILES_SMALL = (CHUNK_V, BLOCK_V, NUM_WARPS)
 RS_TILES_LARGE = (2 * CHUNK_V, DRAFT_BLOCK_V, 4) if not TRITON_INTERPRET else (CHUNK_V, BLOCK_V, 4)
 RS_LARGE_FROM = 4 * 1024 * 1024  # B * V from which the large tiles pay
 
@@ -148,14 +150,12 @@ def _rs_stats_kernel(
         run_sum = tl.full([], 0.0, tl.float32)
         end = tl.minimum(start + CHUNK, vocab)
         # Both loops prefetch the next block while they work on this one (see _scan_chunk).
-        x_next = tl.load(
-            row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf")
-        )
+        x_next = _load_block(row_ptr, start + tl.arange(0, BLOCK), end, float("-inf"))
         if greedy:
             for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 x = x_next.to(tl.float32)
-                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
                 best, best_idx = _lane_argmax_update(best, best_idx, x, idx)
         else:  # online softmax per lane, in base 2: no reduction inside the loop
             gain = _gumbel_gain(temp)
@@ -164,7 +164,7 @@ def _rs_stats_kernel(
             for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 x = x_next.to(tl.float32)
-                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
                 lane_max, lane_sum = _lane_softmax_update(lane_max, lane_sum, x * gain, FAST_LOG2)
             run_max, run_sum = _lane_softmax_finish(lane_max, lane_sum)
         best, best_idx = _lane_argmax_finish(best, best_idx)
@@ -286,6 +286,7 @@ def _rs_chain_kernel(
         key = _row_key(seed, position + count, SAMPLE_KEY)
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
+        end = tl.minimum(start + CHUNK, vocab)
         race, race_idx = tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], 0, tl.int32) + start
         fall, fall_idx = race, race_idx
         if count < num_draft:  # rejected at row `count`: race over the residual
@@ -295,20 +296,19 @@ def _rs_chain_kernel(
             # p = softmax in base 2: 2**(x * log2(e) / T - max * log2(e)) / sum, with the
             # division and the per-token division by T hoisted out of the loop.
             gain, max2, inv_sum = _gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum
-            end = tl.minimum(start + CHUNK, vocab)
             first = start + tl.arange(0, BLOCK)
-            x_next = tl.load(row_ptr + first, mask=first < end, other=float("-inf"))  # prefetch, as in stats
+            x_next = _load_block(row_ptr, first, end, float("-inf"))  # prefetch, as in stats
             if HAS_DRAFT_PROBS:
-                q_next = tl.load(q_ptr + first, mask=first < end, other=0.0)
+                q_next = _load_block(q_ptr, first, end, 0.0)
             for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 mask = idx < end
                 x = x_next.to(tl.float32)
-                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
                 p = _exp2(x * gain - max2, FAST_LOG2) * inv_sum
                 if HAS_DRAFT_PROBS:
                     q = q_next.to(tl.float32)
-                    q_next = tl.load(q_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=0.0)
+                    q_next = _load_block(q_ptr, idx + BLOCK, end, 0.0)
                 else:
                     q = (idx == rejected).to(tl.float32)
                 # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
@@ -319,14 +319,11 @@ def _rs_chain_kernel(
                 fall, fall_idx = _lane_argmax_update(fall, fall_idx, fall_keys, idx)
         else:  # all accepted: the bonus token, base-2 Gumbel-max over target / T
             gain = _gumbel_gain(temp)
-            end = tl.minimum(start + CHUNK, vocab)
-            x_next = tl.load(
-                row_ptr + start + tl.arange(0, BLOCK), mask=start + tl.arange(0, BLOCK) < end, other=float("-inf")
-            )
+            x_next = _load_block(row_ptr, start + tl.arange(0, BLOCK), end, float("-inf"))
             for off in range(start, end, BLOCK):
                 idx = off + tl.arange(0, BLOCK)
                 x = x_next.to(tl.float32)
-                x_next = tl.load(row_ptr + idx + BLOCK, mask=idx + BLOCK < end, other=float("-inf"))
+                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
                 keys = x * gain - _log2_exponential2(_noise_bits(key, idx), FAST_LOG2)
                 race, race_idx = _lane_argmax_update(race, race_idx, keys, idx)
         race, race_idx = _lane_argmax_finish(race, race_idx)
