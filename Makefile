@@ -30,11 +30,11 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 test-cpu: $(STAMP)
-	$(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" property_tests compile_tests
+	$(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" tests
 
 # TRITON_INTERPRET must be set before any kernel is defined, hence its own run.
 test-interpreter: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" property_tests
+	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" tests
 
 test: lint test-cpu test-interpreter
 
@@ -44,7 +44,7 @@ demo: $(STAMP)
 # For a GPU machine that already has torch, triton, pytest and hypothesis.
 gpu-test:
 	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
-	SPECDRAFT_DEVICE=cuda $(PYTHON) -m pytest $(PYTEST_FLAGS) -m "not interpreter" property_tests compile_tests
+	SPECDRAFT_DEVICE=cuda $(PYTHON) -m pytest $(PYTEST_FLAGS) -m "not interpreter" tests
 
 gpu-bench:
 	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .

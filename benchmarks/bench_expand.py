@@ -8,15 +8,12 @@ B <= 64, and never slower than the compiled reference).
 """
 
 import sys
-from pathlib import Path
 
 import torch
+from harness import device_name, emit, empty_kernel_us, markdown_table, time_us
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import device_name, emit, empty_kernel_us, markdown_table, time_us  # noqa: E402
-
-import specdraft.ops.copy_and_expand as ce  # noqa: E402
-import specdraft.ops.parallel_drafting as pd  # noqa: E402
+import specdraft.ops.copy_and_expand as ce
+import specdraft.ops.parallel_drafting as pd
 
 DRAFTS, SLOTS, PAR_ID = 3, 4, 128_000  # EAGLE K = 3 drafts, parallel drafting with 4 new slots
 BLOCK_SIZE, MAX_MODEL_LEN = 16, 8192

@@ -6,16 +6,12 @@ vocabulary of 128k) eager vs torch.compile(fullgraph=True).
     python benchmarks/bench_models.py
 """
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
+from harness import compiled, device_name, emit, markdown_table, time_us
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import compiled, device_name, emit, markdown_table, time_us  # noqa: E402
-
-from specdraft.models import AttentionMetadata, DraftModelConfig, Eagle3Head, paged_attention  # noqa: E402
+from specdraft.layout import BatchMetadata
+from specdraft.models import DraftModelConfig, Eagle3Head, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -26,7 +22,7 @@ def decode_batch(batch: int, seq_len: int):
     width = seq_len // BLOCK
     blocks = torch.randperm(batch * width, device="cuda").view(batch, width).to(torch.int32)
     cache = torch.randn(2, batch * width, BLOCK, KV_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
-    md = AttentionMetadata(
+    md = BatchMetadata(
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
         seq_lens=torch.full((batch,), seq_len, dtype=torch.int32, device="cuda"),
         block_table=blocks,

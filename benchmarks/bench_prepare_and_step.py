@@ -7,19 +7,14 @@ kernel at B <= 64, never slower than torch.compile(reference).
     python benchmarks/bench_prepare_and_step.py
 """
 
-import sys
-from pathlib import Path
-
 import torch
+from harness import device_name, emit, empty_kernel_us, load_store_kernel_us, markdown_table, time_us
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import device_name, emit, empty_kernel_us, load_store_kernel_us, markdown_table, time_us  # noqa: E402
-
-import specdraft.ops.prepare_inputs as pi  # noqa: E402
+import specdraft.ops.prepare_inputs as pi
 
 # `specdraft.ops.step_metadata` names the function (re-exported by the package), so
 # import from the module rather than binding the module itself.
-from specdraft.ops.step_metadata import step_metadata, step_metadata_reference  # noqa: E402
+from specdraft.ops.step_metadata import step_metadata, step_metadata_reference
 
 BATCHES = (1, 8, 64, 256, 1024)
 K = 3  # drafts per request: query length K + 1

@@ -13,19 +13,16 @@ overhead included: that is what reduce-overhead removes), medians in µs.
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from harness import device_name, emit, markdown_table
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import device_name, emit, markdown_table  # noqa: E402
-
-from specdraft.config import SpeculativeConfig  # noqa: E402
-from specdraft.models import AttentionMetadata, DraftModelConfig, EagleHead  # noqa: E402
-from specdraft.proposers import EagleProposer  # noqa: E402
-from specdraft.testing.proposers import make_draft_batch  # noqa: E402
+from specdraft.config import SpeculativeConfig
+from specdraft.layout import BatchMetadata
+from specdraft.models import DraftModelConfig, EagleHead
+from specdraft.proposers import EagleProposer
+from specdraft.testing.proposers import make_draft_batch
 
 CONTEXT, BLOCK_SIZE = 512, 16
 BLOCKS_PER_REQUEST = (CONTEXT + 16 + BLOCK_SIZE - 1) // BLOCK_SIZE
@@ -60,10 +57,10 @@ def forwards_alone_inputs(batch, k):
     for step in range(1, k):
         pos = batch.target_positions[last] + step
         slots = md.block_table.gather(1, (pos // BLOCK_SIZE)[:, None].to(torch.int64)).view(-1).long() * BLOCK_SIZE
-        step_md = AttentionMetadata(torch.arange(num_reqs + 1, dtype=torch.int32, device="cuda"), md.seq_lens + step,
+        step_md = BatchMetadata(torch.arange(num_reqs + 1, dtype=torch.int32, device="cuda"), md.seq_lens + step,
                                     md.block_table, slots + pos % BLOCK_SIZE, 1, md.max_seq_len)  # fmt: skip
         steps.append((pos, step_md))
-    first_md = AttentionMetadata(
+    first_md = BatchMetadata(
         md.query_start_loc, md.seq_lens, md.block_table, md.slot_mapping, md.max_query_len, md.max_seq_len
     )
     return (batch.target_token_ids, batch.target_positions, batch.target_hidden_states, first_md, last, steps)

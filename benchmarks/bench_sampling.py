@@ -14,16 +14,13 @@ Random requests (T = 1) throughout: the greedy path skips the hash and is cheape
 
 import importlib
 import sys
-from pathlib import Path
 
 import torch
+from harness import copy_bandwidth_gbs, device_name, emit, empty_kernel_us, gbs, markdown_table, time_us
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import copy_bandwidth_gbs, device_name, emit, empty_kernel_us, gbs, markdown_table, time_us  # noqa: E402
-
-from specdraft.ops import draft_sample, rejection_sample  # noqa: E402
-from specdraft.ops.draft_sample import draft_sample_reference, draft_sample_store_reference  # noqa: E402
-from specdraft.ops.rejection_sample import rejection_sample_reference  # noqa: E402
+from specdraft.ops import draft_sample, rejection_sample
+from specdraft.ops.draft_sample import draft_sample_reference, draft_sample_store_reference
+from specdraft.ops.rejection_sample import rejection_sample_reference
 
 # One compiled function per reference for all sizes: automatic dynamic shapes
 # recompile once after the first new size instead of once per (V, B).

@@ -6,15 +6,11 @@ torch.compile(reference), with a device-to-device copy as the bandwidth yardstic
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from harness import copy_bandwidth_gbs, device_name, emit, gbs, markdown_table, time_us
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import copy_bandwidth_gbs, device_name, emit, gbs, markdown_table, time_us  # noqa: E402
-
-import specdraft.ops.shift_and_cache as sc  # noqa: E402
+import specdraft.ops.shift_and_cache as sc
 
 MAX_SHIFT = 4
 

@@ -3,6 +3,7 @@ torch.compile(fullgraph=True). The kernel layer is `specdraft.ops`."""
 
 from specdraft import ops
 from specdraft.adjust_input import AdjustedInput, ShiftCache, adjust_input
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 
 __version__ = "0.1.0"
-__all__ = ["AdjustedInput", "ShiftCache", "adjust_input", "ops", "__version__"]
+__all__ = ["PADDING_SLOT_ID", "AdjustedInput", "BatchMetadata", "ShiftCache", "adjust_input", "ops", "__version__"]

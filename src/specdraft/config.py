@@ -1,8 +1,13 @@
-"""Speculative settings and the per-call batch description the proposers take."""
+"""Speculative settings and per-request sampling parameters. BatchMetadata (the batch
+layout) lives in specdraft.layout and is re-exported here."""
 
 from dataclasses import dataclass
 
 import torch
+
+from specdraft.layout import BatchMetadata
+
+__all__ = ["BatchMetadata", "SamplingParams", "SpeculativeConfig"]
 
 METHODS = ("eagle", "eagle3", "mtp")
 DRAFT_SAMPLING = ("greedy", "probabilistic")
@@ -53,29 +58,6 @@ class SpeculativeConfig:
             raise ValueError("parallel_drafting_token_id must be set when parallel_drafting is on")
         if not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
             raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
-
-
-@dataclass
-class BatchMetadata:
-    """The batch the draft's first pass runs on, as the engine has it.
-
-    query_start_loc [B+1] int32; seq_lens [B] int32 (each request's length
-    including this pass's tokens); block_table [B, max_blocks] int32; slot_mapping
-    [T] int64 (PAD = -1 writes nothing). max_query_len / max_seq_len: Python-int
-    upper bounds (they size static shapes; no .item() anywhere). B and T come from
-    the shapes.
-    """
-
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-    max_query_len: int
-    max_seq_len: int
-
-    @property
-    def num_reqs(self) -> int:
-        return self.seq_lens.shape[0]
 
 
 @dataclass

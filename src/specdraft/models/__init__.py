@@ -3,7 +3,8 @@ paged KV cache and attention, RoPE / M-RoPE, Llama-style layers, the reference d
 heads (EAGLE-1, EAGLE-3, MTP) behind one interface (see specdraft.models.heads), a
 tiny target model, and loading from local HF-format folders."""
 
-from specdraft.models.attention import AttentionMetadata, paged_attention
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
+from specdraft.models.attention import paged_attention
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
 from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape, write_kv_cache
@@ -11,11 +12,10 @@ from specdraft.models.layers import DecoderLayer, RMSNorm
 from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
 from specdraft.models.rope import RotaryEmbedding
 from specdraft.models.target import TinyTargetModel, default_aux_layers
-from specdraft.ops._layout import PADDING_SLOT_ID
 
 __all__ = [
     "PADDING_SLOT_ID",
-    "AttentionMetadata",
+    "BatchMetadata",
     "DecoderLayer",
     "DraftHead",
     "DraftModelConfig",

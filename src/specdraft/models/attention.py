@@ -14,32 +14,10 @@ is the draft-model path (Q is small during drafting); it is not a prefill kernel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from specdraft.layout import window_of
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
-from specdraft.ops._layout import window_of
-
-
-@dataclass
-class AttentionMetadata:
-    """What one attention layer needs about the batch. Any object with these
-    attributes works (the models read them by name).
-
-    query_start_loc [B+1] int32, seq_lens [B] int32 (including this step's tokens),
-    block_table [B, max_blocks] int32, slot_mapping [T] int64 (PADDING_SLOT_ID = -1 is
-    not stored); max_query_len: Python int >= every query length; max_seq_len: Python
-    int >= every seq_len, or None for block_table.shape[1] * block_size. Tokens past
-    query_start_loc[-1] (CUDA-graph padding) get a zero attention output.
-    """
-
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-    max_query_len: int
-    max_seq_len: int | None = None
 
 
 def _padded_queries(query, query_start_loc, max_query_len):

@@ -13,7 +13,7 @@ Every head (EagleHead, Eagle3Head, MTPHead) implements::
   sample the same way for every head (EAGLE-3 places its draft-vocabulary logits at
   their target ids and puts -inf elsewhere; the cheaper path is
   compute_draft_logits + map_draft_to_target).
-- attn_metadata: an AttentionMetadata (or any object with its attributes), or a
+- attn_metadata: a BatchMetadata (or any object with its attributes), or a
   list / tuple of them indexed by layer (several KV-cache groups, Step3.5-style).
 - kv_caches: one [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer
   (`num_kv_layers` of them; allocate_kv_caches makes them). Layer i writes kv_caches[i].

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
+from specdraft.checks import check_shape
+from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.ops import copy_and_expand_inputs
-from specdraft.ops._checks import check_shape
-from specdraft.ops._layout import PADDING_SLOT_ID
 from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows, static_min
 
 

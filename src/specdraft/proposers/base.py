@@ -16,11 +16,10 @@ from typing import NamedTuple
 
 import torch
 
-from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
-from specdraft.models.attention import AttentionMetadata
-from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_rank, check_shape
-from specdraft.ops.draft_sample import draft_sample
-from specdraft.ops.step_metadata import step_metadata
+from specdraft.checks import INDEX_DTYPES, check_dtype, check_rank, check_shape
+from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.layout import BatchMetadata
+from specdraft.ops import draft_sample, step_metadata
 
 
 class DraftOutput(NamedTuple):
@@ -216,7 +215,7 @@ class Proposer:
         )
 
     def attention_metadata(self, metadata: BatchMetadata):
-        return AttentionMetadata(
+        return BatchMetadata(
             query_start_loc=metadata.query_start_loc,
             seq_lens=metadata.seq_lens,
             block_table=metadata.block_table,

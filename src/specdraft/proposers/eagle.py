@@ -16,12 +16,16 @@ import dataclasses
 
 import torch
 
-from specdraft.config import BatchMetadata, SamplingParams
-from specdraft.models.attention import AttentionMetadata
-from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
-from specdraft.ops._layout import PADDING_SLOT_ID, window_of
-from specdraft.ops.copy_and_expand import copy_and_expand_inputs
-from specdraft.ops.parallel_drafting import extend_queries_by_n, new_slot_mapping
+from specdraft.config import SamplingParams
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
+from specdraft.ops import (
+    copy_and_expand_inputs,
+    extend_queries_by_n,
+    new_slot_mapping,
+    prepare_eagle_input,
+    prepare_inputs_padded,
+    prepare_next_token_padded,
+)
 from specdraft.proposers.base import DraftOutput, Proposer, first_row, rows, static_min
 
 
@@ -97,7 +101,7 @@ class EagleProposer(Proposer):
             max_query_len=extended.max_query_len,
         )  # fmt: skip
         hidden = self.expanded_hidden(target_hidden_states, expanded, mask_hidden)
-        attn = AttentionMetadata(
+        attn = BatchMetadata(
             query_start_loc=extended.query_start_loc,
             seq_lens=extended.seq_lens,
             block_table=metadata.block_table,

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdraft.config import BatchMetadata, SpeculativeConfig
-from specdraft.models.attention import AttentionMetadata
-from specdraft.ops._checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
-from specdraft.ops._layout import PADDING_SLOT_ID
-from specdraft.ops.step_metadata import step_metadata
+from specdraft.checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
+from specdraft.config import SpeculativeConfig
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
+from specdraft.ops import step_metadata
 from specdraft.proposers.base import FirstPass, StepState, static_min
 from specdraft.proposers.eagle import EagleProposer
 
@@ -182,14 +181,14 @@ class MultiGroupMTPProposer(EagleProposer):
             max_seq_len=state.max_seq_len,
         )
 
-    def attention_metadata(self, metadata: GroupedBatchMetadata) -> list[AttentionMetadata]:
-        """One AttentionMetadata per group, listed per layer."""
+    def attention_metadata(self, metadata: GroupedBatchMetadata) -> list[BatchMetadata]:
+        """One BatchMetadata per group, listed per layer."""
         per_group = []
         for g in range(self.num_groups):
             table = metadata.block_tables[g]
             reach = table.shape[1] * self.block_sizes[g]
             per_group.append(
-                AttentionMetadata(
+                BatchMetadata(
                     query_start_loc=metadata.query_start_loc,
                     seq_lens=metadata.seq_lens,
                     block_table=table,

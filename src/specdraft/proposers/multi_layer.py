@@ -44,9 +44,10 @@ import warnings
 import torch
 
 from specdraft.adjust_input import ShiftCache, adjust_input
-from specdraft.config import BatchMetadata, SamplingParams, SpeculativeConfig
-from specdraft.ops._checks import check_int_range
-from specdraft.ops.shift_and_cache import MAX_SHIFT_LIMIT
+from specdraft.checks import check_int_range
+from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.layout import BatchMetadata
+from specdraft.ops import MAX_SHIFT_LIMIT
 from specdraft.proposers.base import DraftOutput, FirstPass, StepState, rows
 from specdraft.proposers.eagle import EagleProposer
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from specdraft.ops.shift_and_cache import MAX_SHIFT_LIMIT
+from specdraft.ops import MAX_SHIFT_LIMIT
 
 
 @dataclass(frozen=True)

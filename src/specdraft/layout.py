@@ -1,0 +1,46 @@
+"""The bottom layer's vocabulary of batch layouts, shared by the ops and the library
+above them (pure torch, no imports from specdraft)."""
+
+from dataclasses import dataclass
+
+import torch
+
+# A slot_mapping entry that writes no KV (vLLM's value).
+PADDING_SLOT_ID = -1
+
+
+def window_of(index: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """The window each index falls in: how many window ends (exclusive, non-
+    decreasing) are at or before it, i.e. torch.searchsorted(ends, index,
+    right=True). Indices past the last end get len(ends); empty windows are skipped.
+
+    A compare-and-count instead of searchsorted: torch 2.11's Inductor cannot lower
+    searchsorted over a view such as query_start_loc[1:] (NotImplementedError:
+    SliceView). The [N, B] comparison is reduced in one fused kernel when compiled."""
+    return (ends[None, :] <= index[..., None]).sum(dim=-1)
+
+
+@dataclass
+class BatchMetadata:
+    """One batch as the engine lays it out; the draft's passes, the attention layers
+    and the proposers all read this one type.
+
+    query_start_loc [B+1] int32: request b's tokens are rows query_start_loc[b] ..
+    query_start_loc[b+1] - 1 of the packed batch; seq_lens [B] int32: each request's
+    length including this pass's tokens; block_table [B, max_blocks] int32;
+    slot_mapping [T] int64 (PADDING_SLOT_ID writes nothing). max_query_len: a Python
+    int >= every query length; max_seq_len: a Python int >= every seq_len, or None
+    for the block table's reach (width * block size). Both size static shapes, so no
+    device value is ever read on the host. B and T come from the shapes.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int | None = None
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.shape[0]

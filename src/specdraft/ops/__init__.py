@@ -1,0 +1,53 @@
+"""specdraft.ops: the kernel layer. Each op is a `torch.library.triton_op` in the
+`specdraft` namespace: CUDA tensors run its Triton kernel, CPU tensors its pure-torch
+reference. This package imports torch and triton only."""
+
+from .backend import HAS_TRITON
+from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
+from .draft_sample import draft_sample, noise_uniform
+from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
+from .prepare_inputs import (
+    EagleInputs,
+    NextTokens,
+    PaddedInputs,
+    prepare_eagle_input,
+    prepare_inputs_padded,
+    prepare_next_token_padded,
+)
+from .rejection_sample import rejection_sample
+from .shift_and_cache import (
+    MAX_SHIFT_LIMIT,
+    ShiftPlan,
+    shift_and_cache_1d,
+    shift_and_cache_hidden,
+    shift_plan,
+)
+from .step_metadata import PADDING_SLOT_ID, step_metadata
+
+__all__ = [
+    "HAS_TRITON",
+    "MAX_SHIFT_LIMIT",
+    "ShiftPlan",
+    "shift_and_cache_1d",
+    "shift_and_cache_hidden",
+    "shift_plan",
+    # prepare_inputs, step_metadata
+    "EagleInputs",
+    "NextTokens",
+    "PaddedInputs",
+    "PADDING_SLOT_ID",
+    "prepare_eagle_input",
+    "prepare_inputs_padded",
+    "prepare_next_token_padded",
+    "step_metadata",
+    # parallel drafting
+    "ExpandedInputs",
+    "ExtendedQueries",
+    "copy_and_expand_inputs",
+    "extend_queries_by_n",
+    "new_slot_mapping",
+    # sampling
+    "draft_sample",
+    "noise_uniform",
+    "rejection_sample",
+]

@@ -1,0 +1,277 @@
+"""The counter-based noise that draft and rejection sampling draw, and the
+block-wise reductions their kernels share.
+
+u is not drawn from a device RNG: it is a pure function of
+(seed, position, token index, salt, stream), so the same request samples the same
+token on CPU and CUDA, under CUDA-graph replay, and whatever the batch holds. The
+function (uint32 arithmetic, written twice side by side below, Triton and torch):
+
+    fmix(x)      = murmur3 finaliser: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
+                   x *= 0xC2B2AE35; x ^= x >> 16                 (all mod 2**32)
+    absorb(k, w) = fmix((k ^ w) + 0x9E3779B9)
+    salt_key     = absorb(absorb(0x243F6A88, salt), stream)     (host, Python ints)
+    row_key      = absorb(absorb(absorb(absorb(salt_key, seed_lo), seed_hi), pos_lo), pos_hi)
+    bits(token)  = fmix(token * 0x9E3779B9 + row_key)
+    u            = ((bits >> 9) + 0.5) * 2**-23                  (exact in fp32, never 0 or 1)
+
+(The kernels build u without an int-to-float conversion: (bits >> 9) as the
+mantissa of a float in [1, 2), minus 1 - 2**-24, which is exact and the same value.)
+
+23 bits, not 24: ((bits >> 8) + 0.5) * 2**-24 can be 1 - 2**-25, which rounds to
+1.0 in fp32 and makes the Gumbel noise -log(-log 1) = +inf.
+
+seed/position are int64 split into 32-bit words (two's complement). In torch the
+uint32 values live in int64 tensors; products are split into 16-bit halves so no
+int64 product overflows, which makes both sides bit-identical. `stream` separates
+the uses: draft sampling (0), acceptance tests (1) and recovered / bonus tokens (2)
+of rejection sampling, so they stay independent at the same position.
+
+The samplers use u in base 2: Gumbel-max keys x * log2(e) / T - log2(-log2 u)
+(the argmax of x / T + Gumbel noise) and exponential races over r / (-log2 u),
+with the SFU's log2 / exp2 / rcp on CUDA (FAST) and exact functions elsewhere.
+"""
+
+import torch
+
+from .backend import tl, triton
+
+STREAM_DRAFT = 0
+STREAM_ACCEPT = 1
+STREAM_SAMPLE = 2
+SALT_LIMIT = 2**31
+
+_MASK32 = 0xFFFFFFFF
+
+
+# ----------------------------------------------------------- the noise, host side
+
+
+def _fmix32_int(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def salt_key(salt: int, stream: int) -> int:
+    """The per-call part of the row key, folded on the host (a Python int)."""
+    key = 0x243F6A88
+    for word in (salt & _MASK32, stream & _MASK32):
+        key = _fmix32_int(((key ^ word) + 0x9E3779B9) & _MASK32)
+    return key
+
+
+# ------------------------------------------------------ the noise, Triton | torch
+
+
+@triton.jit
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+def _mul32_torch(x: torch.Tensor, c: int) -> torch.Tensor:
+    # (x * c) mod 2**32 with x < 2**32: 16-bit halves of c keep products below 2**48.
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32_torch(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32_torch(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32_torch(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _absorb(key, word):
+    return _fmix32((key ^ word) + 0x9E3779B9)
+
+
+def _absorb_torch(key: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
+    return _fmix32_torch(((key ^ word) + 0x9E3779B9) & _MASK32)
+
+
+@triton.jit
+def _row_key(seed, position, SALT_KEY: tl.constexpr):
+    seed = seed.to(tl.int64)
+    position = position.to(tl.int64)
+    key = tl.full([], SALT_KEY, tl.uint32)
+    key = _absorb(key, seed.to(tl.uint32))  # truncation: the low word
+    key = _absorb(key, (seed >> 32).to(tl.uint32))
+    key = _absorb(key, position.to(tl.uint32))
+    return _absorb(key, (position >> 32).to(tl.uint32))
+
+
+def row_key_torch(seeds: torch.Tensor, positions: torch.Tensor, key: int) -> torch.Tensor:
+    seeds, positions = seeds.long(), positions.long()
+    out = torch.full_like(seeds, key)
+    out = _absorb_torch(out, seeds & _MASK32)
+    out = _absorb_torch(out, (seeds >> 32) & _MASK32)
+    out = _absorb_torch(out, positions & _MASK32)
+    return _absorb_torch(out, (positions >> 32) & _MASK32)
+
+
+@triton.jit
+def _noise_bits(key, token):
+    return _fmix32(token.to(tl.uint32) * 0x9E3779B9 + key)
+
+
+def noise_bits_torch(key: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    return _fmix32_torch((_mul32_torch(token.long(), 0x9E3779B9) + key) & _MASK32)
+
+
+@triton.jit
+def _uniform(bits):
+    # 1 + m * 2**-23 from the bits, then - (1 - 2**-24): exactly (m + 0.5) * 2**-23
+    # (2m + 1 < 2**24 fits the significand), without an int-to-float conversion.
+    one_plus = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
+    return one_plus - 0.999999940395355224609375
+
+
+def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
+    return ((bits >> 9).to(torch.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    """log2 of a positive normal fp32; FAST: the SFU instruction (lg2.approx,
+    about 2**-22 relative error), one issue slot instead of libdevice's polynomial."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _exp2(x, FAST: tl.constexpr):
+    """2**x; FAST: the SFU instruction (ex2.approx.ftz, 2 ulp)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _rcp(x, FAST: tl.constexpr):
+    """1 / x; FAST: the SFU instruction (rcp.approx.ftz, 1 ulp) instead of a division."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _exponential2(bits, FAST: tl.constexpr):
+    """-log2(u): an Exp(1) variable divided by ln 2 (races compare ratios, so the
+    common factor does not change a winner)."""
+    return -_log2(_uniform(bits), FAST)
+
+
+def exponential2_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log2(uniform_torch(bits))
+
+
+@triton.jit
+def _log2_exponential2(bits, FAST: tl.constexpr):
+    """log2(-log2 u), minus the noise of the base-2 Gumbel-max key
+    x * log2(e) / T - _log2_exponential2 (-log2(-log2 u) is the Gumbel noise times
+    log2(e), plus a constant). |log2 u| rather than -log2 u: the SFU takes the
+    absolute value as an operand modifier, a negation would be one more instruction."""
+    return _log2(tl.abs(_log2(_uniform(bits), FAST)), FAST)
+
+
+def gumbel2_torch(bits: torch.Tensor) -> torch.Tensor:
+    return -torch.log2(exponential2_torch(bits))
+
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _gumbel_gain(temp):
+    """log2(e) / T, the scale of the base-2 keys (1 for greedy rows: plain argmax)."""
+    return tl.where(temp <= 0, 1.0, tl.math.div_rn(1.4426950408889634, tl.where(temp <= 0, 1.0, temp)))
+
+
+def gumbel_gain_torch(temperature: torch.Tensor) -> torch.Tensor:
+    greedy = temperature <= 0
+    return torch.where(greedy, 1.0, LOG2E / torch.where(greedy, 1.0, temperature.float()))
+
+
+# ------------------------------------------------ block-wise reductions (shared)
+
+
+@triton.jit
+def _load_block(ptr, idx, end, other):
+    """ptr[idx] where idx < end, else `other`: one block of a program's token range
+    (the token loops load the block after the current one with it, a prefetch)."""
+    return tl.load(ptr + idx, mask=idx < end, other=other)
+
+
+@triton.jit
+def _lane_argmax_update(best, best_idx, keys, idx):
+    """Per-lane running (max, index); strict, so a lane keeps its earliest index on a
+    tie. NaN keys never win (every comparison with NaN is false)."""
+    better = keys > best
+    return tl.where(better, keys, best), tl.where(better, idx, best_idx)
+
+
+@triton.jit
+def _lane_argmax_finish(best, best_idx):
+    """(max, first index of the max) across the lanes of _lane_argmax_update."""
+    top = tl.max(best, 0)
+    return top, tl.min(tl.where(best == top, best_idx, 2147483647), 0)
+
+
+@triton.jit
+def _softmax_update(run_max, run_sum, z):
+    """Online softmax statistics; rows of -inf so far contribute nothing."""
+    new_max = tl.maximum(run_max, tl.max(z, 0))
+    safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(z - safe), 0)
+    return new_max, run_sum
+
+
+@triton.jit
+def _combine_argmax(key_ptr, idx_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
+    """Global (max, first index) from per-program partials ordered by token range."""
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = tl.full([], 0, tl.int32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        offs = s0 + tl.arange(0, SPLIT_BLOCK)
+        mask = offs < num_splits
+        keys = tl.load(key_ptr + offs, mask=mask, other=float("-inf"))
+        idxs = tl.load(idx_ptr + offs, mask=mask, other=2147483647)
+        block_best = tl.max(keys, 0)
+        block_idx = tl.min(tl.where(mask & (keys == block_best), idxs, 2147483647), 0)
+        better = block_best > best
+        best = tl.where(better, block_best, best)
+        best_idx = tl.where(better, block_idx, best_idx)
+    return best, best_idx
+
+
+@triton.jit
+def _combine_softmax(max_ptr, sum_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.full([], 0.0, tl.float32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        offs = s0 + tl.arange(0, SPLIT_BLOCK)
+        mask = offs < num_splits
+        maxes = tl.load(max_ptr + offs, mask=mask, other=float("-inf"))
+        sums = tl.load(sum_ptr + offs, mask=mask, other=0.0)
+        new_max = tl.maximum(run_max, tl.max(maxes, 0))
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(sums * tl.exp(maxes - safe), 0)
+        run_max = new_max
+    return run_max, run_sum

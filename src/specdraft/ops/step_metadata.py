@@ -1,0 +1,206 @@
+"""One autoregressive draft step's metadata (reference 001
+`eagle_step_slot_mapping_metadata_kernel`, reference 002 propose-loop clamping).
+
+Per request b < B, with p = positions[0, b] + 1 (row 0 decides for M-RoPE):
+
+    positions[:, b]         += 1                      (the running position, never clamped)
+    clamp                    = p >= max_model_len     (or p < 0: out of contract, treated alike)
+    clamped_positions[:, b]  = 0 if clamp else positions[:, b]
+    slot_mapping[b]          = PAD if clamp else
+                               block_table[b, min(p // block_size, W - 1)] * block_size + p % block_size
+    seq_lens[b]              = 1 if clamp else min(seq_lens[b] + 1, max_model_len)
+
+and slot_mapping[b] = PAD for B <= b < len(slot_mapping) (CUDA-graph padding).
+
+In place, into the caller's buffers, which is what a CUDA-graph engine wants. The
+running positions stay unclamped so that k steps equal one jump of k with the same
+clamp rule; the model reads `clamped_positions`. (vLLM's fused kernel writes only the
+clamped positions, and its propose loop keeps `positions += 1` as a separate launch;
+writing the clamped value back into the running buffer would restart a request past
+max_model_len at position 1 and write its KV into its own block 0.)
+"""
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from specdraft.checks import (
+    INDEX_DTYPES,
+    check_distinct,
+    check_dtype,
+    check_int_range,
+    check_rank,
+    check_same_device,
+    check_shape,
+)
+from specdraft.layout import PADDING_SLOT_ID
+
+from .backend import NAMESPACE, cdiv, tl, triton, use_triton
+
+BLOCK_REQS = 128
+MAX_POSITION_ROWS = 3
+
+
+@triton.jit
+def _step_metadata_kernel(
+    positions_ptr,
+    clamped_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    slot_mapping_ptr,
+    positions_row_stride,
+    clamped_row_stride,
+    block_table_stride_req,
+    block_table_stride_blk,
+    num_reqs,
+    num_slots,
+    num_blocks_per_req,
+    max_model_len,
+    block_size,
+    num_rows,
+    PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """block_size and the row count are runtime values, not constexprs: under
+    dynamic=True they arrive as symbols, and a constexpr must be concrete."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    real = r < num_reqs
+    new_pos = tl.load(positions_ptr + r, mask=real, other=0).to(tl.int64) + 1
+    clamp = (new_pos >= max_model_len) | (new_pos < 0)
+    for row in range(0, num_rows):
+        row_pos = tl.load(positions_ptr + row * positions_row_stride + r, mask=real, other=0) + 1
+        tl.store(positions_ptr + row * positions_row_stride + r, row_pos, mask=real)
+        tl.store(clamped_ptr + row * clamped_row_stride + r, tl.where(clamp, 0, row_pos), mask=real)
+
+    pos = tl.where(clamp, 0, new_pos)
+    blk = tl.minimum(pos // block_size, num_blocks_per_req - 1)
+    block_offs = r.to(tl.int64) * block_table_stride_req + blk * block_table_stride_blk
+    block_id = tl.load(block_table_ptr + block_offs, mask=real & ~clamp, other=0).to(tl.int64)
+    slot = tl.where(clamp | ~real, PAD, block_id * block_size + pos % block_size)
+    tl.store(slot_mapping_ptr + r, slot.to(slot_mapping_ptr.dtype.element_ty), mask=r < num_slots)
+
+    seq_len = tl.load(seq_lens_ptr + r, mask=real, other=0).to(tl.int64)
+    new_seq_len = tl.where(clamp, 1, tl.minimum(seq_len + 1, max_model_len))
+    tl.store(seq_lens_ptr + r, new_seq_len.to(seq_lens_ptr.dtype.element_ty), mask=real)
+
+
+def step_metadata_reference(
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    clamped_positions: torch.Tensor,
+    block_size: int,
+    max_model_len: int,
+) -> None:
+    num_reqs = positions.shape[-1]
+    advanced = positions + 1
+    first = (advanced[0] if positions.dim() == 2 else advanced).long()
+    clamp = (first >= max_model_len) | (first < 0)
+    pos = torch.where(clamp, 0, first)
+    blk = (pos // block_size).clamp(max=block_table.shape[1] - 1)
+    block_ids = torch.gather(block_table[:num_reqs], 1, blk[:, None]).squeeze(1).long()
+    slots = torch.where(clamp, PADDING_SLOT_ID, block_ids * block_size + pos % block_size)
+    new_seq_lens = torch.where(clamp, 1, (seq_lens.long() + 1).clamp(max=max_model_len))
+
+    positions.copy_(advanced)
+    clamped_positions.copy_(torch.where(clamp, 0, advanced))
+    seq_lens.copy_(new_seq_lens)
+    slot_mapping[:num_reqs].copy_(slots)
+    slot_mapping[num_reqs:].fill_(PADDING_SLOT_ID)
+
+
+@triton_op(f"{NAMESPACE}::step_metadata", mutates_args=("positions", "seq_lens", "slot_mapping", "clamped_positions"))
+def _step_metadata_op(
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    clamped_positions: torch.Tensor,
+    block_size: int,
+    max_model_len: int,
+) -> None:
+    if not use_triton(positions):
+        step_metadata_reference(
+            positions, seq_lens, block_table, slot_mapping, clamped_positions, block_size, max_model_len
+        )
+        return
+    num_reqs, num_slots = positions.shape[-1], slot_mapping.shape[0]
+    num_rows = positions.shape[0] if positions.dim() == 2 else 1
+    if num_slots == 0:
+        return
+    wrap_triton(_step_metadata_kernel)[(cdiv(num_slots, BLOCK_REQS),)](
+        positions, clamped_positions, seq_lens, block_table, slot_mapping,
+        positions.stride(0) if num_rows > 1 else 0, clamped_positions.stride(0) if num_rows > 1 else 0,
+        block_table.stride(0), block_table.stride(1),
+        num_reqs, num_slots, block_table.shape[1], max_model_len, block_size, num_rows,
+        PAD=PADDING_SLOT_ID, BLOCK=BLOCK_REQS,
+    )  # fmt: skip
+
+
+def step_metadata(
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    clamped_positions: torch.Tensor,
+    *,
+    block_size: int,
+    max_model_len: int,
+) -> None:
+    """Advance one draft step, in place (see the module docstring for the rule).
+
+    positions: [B] or M-RoPE [3, B], int32/int64, the running positions; advanced by 1
+    (all rows together; row 0 decides the clamp). Rows may be strided views (e.g.
+    `mrope_positions[:, :B]`) as long as each row is contiguous.
+    seq_lens: [B] int32/int64, updated in place.
+    block_table: [>= B, W] int32/int64, W >= 1; row b holds request b's KV blocks.
+    slot_mapping: [N >= B] int32/int64, written whole: rows past B get PAD (-1).
+    clamped_positions: like positions (same shape and dtype, a different buffer):
+    written with the positions the model should read (0 where clamped).
+    block_size, max_model_len: Python ints >= 1.
+
+    Written: positions, seq_lens, slot_mapping, clamped_positions; nothing else. One
+    launch, no host sync.
+    """
+    check_dtype("positions", positions, INDEX_DTYPES)
+    check_rank("positions", positions, (1, 2))
+    if positions.dim() == 2 and not 1 <= positions.shape[0] <= MAX_POSITION_ROWS:
+        raise ValueError(f"positions must be [B] or [R <= {MAX_POSITION_ROWS}, B], got {tuple(positions.shape)}")
+    num_reqs = positions.shape[-1]
+    check_dtype("clamped_positions", clamped_positions, (positions.dtype,))
+    check_shape("clamped_positions", clamped_positions, tuple(positions.shape))
+    check_distinct("clamped_positions", clamped_positions, "positions", positions)
+    for name, tensor in (("positions", positions), ("clamped_positions", clamped_positions)):
+        if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:  # stride first: no guard on B
+            raise ValueError(f"{name} must have contiguous rows (stride 1 along the batch)")
+    check_dtype("seq_lens", seq_lens, INDEX_DTYPES)
+    check_shape("seq_lens", seq_lens, (num_reqs,))
+    check_dtype("block_table", block_table, INDEX_DTYPES)
+    check_rank("block_table", block_table, 2)
+    if block_table.shape[0] < num_reqs or block_table.shape[1] < 1:
+        raise ValueError(
+            f"block_table must be [>= {num_reqs}, >= 1] (a row of blocks per request), got {tuple(block_table.shape)}"
+        )
+    check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
+    check_rank("slot_mapping", slot_mapping, 1)
+    if slot_mapping.shape[0] < num_reqs:
+        raise ValueError(f"slot_mapping must have at least B = {num_reqs} entries, got {slot_mapping.shape[0]}")
+    if slot_mapping.stride(0) != 1 and slot_mapping.shape[0] > 1:
+        raise ValueError("slot_mapping must be contiguous")
+    if seq_lens.stride(0) != 1 and seq_lens.shape[0] > 1:
+        raise ValueError("seq_lens must be contiguous")
+    check_int_range("block_size", block_size, 1)
+    check_int_range("max_model_len", max_model_len, 1)
+    tensors = {
+        "positions": positions,
+        "seq_lens": seq_lens,
+        "block_table": block_table,
+        "slot_mapping": slot_mapping,
+        "clamped_positions": clamped_positions,
+    }
+    names = list(tensors)
+    for i, name in enumerate(names):
+        for other_name in names[i + 1 :]:
+            check_distinct(other_name, tensors[other_name], name, tensors[name])
+    check_same_device(tensors)
+    _step_metadata_op(positions, seq_lens, block_table, slot_mapping, clamped_positions, block_size, max_model_len)

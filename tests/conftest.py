@@ -1,0 +1,81 @@
+"""Shared test setup: Hypothesis profiles, the lanes (which tests run where), the
+device every suite runs on, and NaN-poisoned torch.empty so no op can pass by
+reading memory it never wrote.
+
+Lanes, chosen by marker alone:
+- `interpreter`: Triton kernels on CPU tensors; skipped unless TRITON_INTERPRET=1
+  (without it the op bodies take the reference, and such a test would compare the
+  reference with itself);
+- `cuda`: needs a CUDA device; skipped without one;
+- `kernel`: compares an op with an oracle; runs in every lane;
+- everything else: the CPU (or SPECDRAFT_DEVICE=cuda) lane.
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from fixtures.lanes import DEVICE, INTERPRETER
+
+# ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "nightly",
+    deadline=None,
+    max_examples=1000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    raise pytest.UsageError("SPECDRAFT_DEVICE=cuda but torch sees no CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    no_interpreter = pytest.mark.skip(reason="interpreter lane only: needs TRITON_INTERPRET=1 before triton loads")
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "interpreter" in item.keywords and not INTERPRETER:
+            item.add_marker(no_interpreter)
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return DEVICE
+
+
+_real_empty, _real_empty_like = torch.empty, torch.empty_like
+
+
+@torch.no_grad()  # torch's own callers may ask for requires_grad=True leaves
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    # Real eager tensors only. While torch.compile traces (Dynamo, or AOT decomposing
+    # a triton_op body, where is_compiling() is already False) tensors are fake or
+    # functional subclasses: a fill there would be a traced mutation of an
+    # intermediate, which AOT rejects; Inductor allocates its own buffers anyway.
+    if type(t) is not torch.Tensor or torch.compiler.is_compiling():
+        return t
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    if t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8):
+        return t.fill_(-0x5A5A5A if t.dtype != torch.int8 else -90)
+    return t
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(_real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(_real_empty_like(*a, **k)))

@@ -1,0 +1,153 @@
+"""torch.compile(proposer.propose, fullgraph=True) equals eager, with no graph
+break, for EagleProposer x {greedy, probabilistic} x {1-D, M-RoPE} x {plain,
+padded, unpadded, parallel drafting}; with dynamic=True, one compile serves batch
+sizes 1, 3, 17, 64.
+
+The matrix compiles with backend="aot_eager" (Dynamo fullgraph tracing plus AOT
+functionalization of every custom op: everything but Inductor's codegen), which
+keeps this suite within CI's time on 2 cores; representative cases compile with
+Inductor too.
+"""
+
+import re
+
+import pytest
+import torch
+
+from specdraft.config import SpeculativeConfig
+from specdraft.proposers import EagleProposer
+from specdraft.testing import CompileCounts, fresh_compile
+from specdraft.testing.proposers import make_draft_batch
+
+from fixtures.draft_heads import VOCAB, make_head
+
+BLOCK_SIZE = 4
+
+
+def setup(method, sampling, mrope, query_lens, device, seed=0, k=3, parallel=False):
+    head, target_hidden = make_head(method, mrope, seed)
+    head = head.to(device)
+    batch = make_draft_batch(
+        query_lens,
+        vocab_size=VOCAB,
+        target_hidden_size=target_hidden,
+        block_size=BLOCK_SIZE,
+        blocks_per_request=8,
+        mrope=mrope,
+        temperatures=[0.5 + (b % 3) * 0.5 if b % 4 else 0.0 for b in range(len(query_lens))],
+        seed=seed,
+        device=device,
+    )
+    config = SpeculativeConfig(
+        method=method,
+        num_speculative_tokens=k,
+        max_model_len=256,
+        block_size=BLOCK_SIZE,
+        draft_sampling=sampling,
+        return_probs="probs" if sampling == "probabilistic" else None,
+        parallel_drafting=parallel,
+        parallel_drafting_token_id=7 if parallel else None,
+    )
+    num_blocks = len(query_lens) * 8
+    return head, batch, config, num_blocks
+
+
+def call(proposer, path, batch):
+    rejected = torch.tensor(
+        [b % 2 for b in range(batch.metadata.num_reqs)], dtype=torch.int32, device=batch.next_token_ids.device
+    )
+    if path in ("plain", "parallel"):
+        return proposer.propose(*batch.propose_args(), num_rejected_tokens=rejected if path == "parallel" else None)
+    if path == "padded":
+        return proposer.propose(
+            *batch.propose_args(),
+            token_indices_to_sample=batch.metadata.query_start_loc[1:] - 1 - rejected,
+            num_rejected_tokens=rejected,
+        )
+    args = batch.propose_args()
+    return proposer.propose_unpadded(
+        *args[:4], rejected, batch.metadata, num_kept_tokens=batch.target_token_ids.shape[0], sampling=batch.sampling
+    )
+
+
+def run_both(method, sampling, mrope, path, device, backend, k=3):
+    head, batch, config, num_blocks = setup(
+        method, sampling, mrope, [5, 2, 7, 3], device, k=k, parallel=path == "parallel"
+    )
+    eager = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
+    compiled = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
+    with torch.no_grad():
+        want = call(eager, path, batch)
+        fn = fresh_compile(lambda *a, **kw: call(compiled, path, batch), fullgraph=True, backend=backend)
+        with CompileCounts.measure() as counts:
+            got = fn()
+    assert torch.equal(got.draft_tokens, want.draft_tokens)
+    if sampling == "probabilistic":
+        torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager.kv_caches, compiled.kv_caches, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert counts.graph_breaks == 0
+    assert counts.compiles == 1
+
+
+@pytest.mark.parametrize("path", ["plain", "padded", "unpadded", "parallel"])
+@pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
+@pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_fullgraph_matrix_aot_eager(device, method, sampling, mrope, path):
+    run_both(method, sampling, mrope, path, device, backend="aot_eager")
+
+
+@pytest.mark.parametrize(
+    "method, sampling, mrope, path",
+    [("eagle3", "probabilistic", True, "padded"), ("eagle", "greedy", False, "unpadded")],
+)
+def test_fullgraph_inductor(device, method, sampling, mrope, path):
+    # K = 2: one first pass and one draft step exercise every piece of the loop;
+    # each extra step only adds an unrolled copy (and Inductor compile time).
+    run_both(method, sampling, mrope, path, device, backend="inductor", k=2)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
+def test_dynamic_batch_sizes_compile_once(device, parallel):
+    """Batch sizes 1, 3, 17, 64 through one dynamic graph. Two settings make that
+    possible, and an engine wants both: size-oblivious reasoning for backed sizes
+    (else B = 1 is specialized and recompiles), and no duck sizing (else B = 3
+    equals K = 3 and the graph guards on B == K)."""
+    head, _, config, _ = setup("eagle", "probabilistic", False, [1], device, parallel=parallel)
+    kv = head.allocate_kv_caches(64 * 8, BLOCK_SIZE, device=device)
+    proposer = EagleProposer(head, config, kv)
+    with (
+        torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False),
+        torch.no_grad(),
+    ):
+        fn = fresh_compile(proposer.propose, fullgraph=True, dynamic=True, backend="aot_eager")
+        with CompileCounts.measure() as counts:
+            for num_reqs in (1, 3, 17, 64):
+                _, batch, _, _ = setup("eagle", "probabilistic", False, [2 + b % 5 for b in range(num_reqs)], device)
+                got = fn(*batch.propose_args())
+                want = proposer.propose(*batch.propose_args())
+                assert torch.equal(got.draft_tokens, want.draft_tokens), num_reqs
+    assert counts.graph_breaks == 0
+    assert counts.compiles == 1, f"{counts.compiles} graphs for 4 batch sizes"
+
+
+def test_inductor_writes_the_kv_cache_in_place(device):
+    """The compiled loop scatters its new keys and values into the cache; it must
+    not rebuild the cache and copy all of it back (what Inductor does with a
+    mutation of a reshaped view of an input), a full-cache copy per propose call.
+    A kernel's extent is `xnumel = N` (Triton) or a loop bound `static_cast<int64_t>(NL)`
+    (C++); a whole-cache kernel has the cache's element count there."""
+    from torch._inductor.utils import run_and_get_code
+
+    head, batch, config, _ = setup("eagle", "greedy", False, [5, 2, 7, 3], device, k=2)
+    kv = head.allocate_kv_caches(101, BLOCK_SIZE, device=device)
+    proposer = EagleProposer(head, config, kv)
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        fn = fresh_compile(proposer.propose, fullgraph=True)
+        _, code = run_and_get_code(fn, *batch.propose_args())
+    code = "\n".join(code)
+    assert "def call" in code or "def run" in code, "no generated code captured"
+    whole_cache = kv[0].numel()
+    extent = rf"xnumel = {whole_cache}\b|static_cast<int64_t>\({whole_cache}L\)"
+    assert re.search(extent, code) is None, f"a kernel loops over the whole cache ({whole_cache} elements)"
