@@ -11,7 +11,7 @@ import torch
 from specdraft.config import SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.models import TinyTargetModel
-from specdraft.ops.draft_sample import draft_sample_reference
+from specdraft.ops.sampling import draft_sample_reference
 from specdraft.proposers import AutoregressiveSpeculator, DraftLM
 from specdraft.testing.proposers import make_draft_batch
 
@@ -116,7 +116,7 @@ def build(mrope, sampling, *, query_lens=QUERY_LENS, blocks=6, max_model_len=256
 
 
 def propose(spec, batch, rejected=None, inputs_embeds=None):
-    args = (batch.target_token_ids, batch.target_positions, batch.next_token_ids, batch.metadata, batch.sampling)
+    args = (batch.target_token_ids, batch.target_positions, None, batch.next_token_ids, batch.metadata, batch.sampling)
     nrej = None if rejected is None else torch.tensor(rejected, dtype=torch.int32)
     with torch.no_grad():
         return spec.propose(*args, num_rejected_tokens=nrej, inputs_embeds=inputs_embeds)
@@ -171,15 +171,15 @@ def test_inputs_embeds_replace_the_target_embeddings():
 
 def test_prefill_then_decode_equals_propose_and_leaves_state():
     lm, batch, spec = build(True, "probabilistic", probs="probs")
-    args = (batch.target_token_ids, batch.target_positions, batch.next_token_ids, batch.metadata, batch.sampling)
+    args = (batch.target_token_ids, batch.target_positions, None, batch.next_token_ids, batch.metadata, batch.sampling)
     with torch.no_grad():
         whole = spec.propose(*args)
         state = spec.prefill(*args)
-        before = (state.step.positions.clone(), state.step.seq_lens.clone(), state.draft_step.clone())
+        before = (state.step.positions.clone(), state.step.batch.seq_lens.clone(), state.draft_step.clone())
         split = spec.decode(state)
     assert torch.equal(whole.draft_tokens, split.draft_tokens)
     torch.testing.assert_close(whole.draft_probs, split.draft_probs)
-    assert torch.equal(state.step.positions, before[0]) and torch.equal(state.step.seq_lens, before[1])
+    assert torch.equal(state.step.positions, before[0]) and torch.equal(state.step.batch.seq_lens, before[1])
     assert int(state.draft_step) == int(before[2]) == 0
     torch.testing.assert_close(split.draft_probs.sum(-1), torch.ones(len(QUERY_LENS), K))
 
@@ -230,22 +230,22 @@ def test_edge_of_max_model_len(mrope, advance, rejected):
 
 def test_prefill_state_clamps_the_next_token():
     lm, batch, spec = build(False, "greedy", query_lens=EDGE_LENS, blocks=EDGE_BLOCKS, max_model_len=EDGE_MML)
-    args = (batch.target_token_ids, batch.target_positions, batch.next_token_ids, batch.metadata)
+    args = (batch.target_token_ids, batch.target_positions, None, batch.next_token_ids, batch.metadata)
     with torch.no_grad():
         state = spec.prefill(*args)
     # request 1 (12 tokens) puts its next token at 12 = max_model_len: position 0, PAD, seq_len 1
     assert state.step.positions.tolist() == [11, 12, 9, 5]
     assert state.step.clamped_positions.tolist() == [11, 0, 9, 5]
-    assert state.step.slot_mapping[1] == -1 and state.step.seq_lens.tolist() == [12, 1, 10, 6]
+    assert state.step.batch.slot_mapping[1] == -1 and state.step.batch.seq_lens.tolist() == [12, 1, 10, 6]
 
 
 def test_bad_inputs_name_the_argument():
     lm, batch, spec = build(False, "greedy")
-    args = [batch.target_token_ids, batch.target_positions, batch.next_token_ids, batch.metadata]
+    args = [batch.target_token_ids, batch.target_positions, None, batch.next_token_ids, batch.metadata]
     with pytest.raises(ValueError, match="next_token_ids"):
-        spec.propose(args[0], args[1], args[2][:-1], args[3])
+        spec.propose(args[0], args[1], None, args[3][:-1], args[4])
     with pytest.raises(ValueError, match="target_positions"):
-        spec.propose(args[0], args[1][:-1], args[2], args[3])
+        spec.propose(args[0], args[1][:-1], None, args[3], args[4])
     with pytest.raises(ValueError, match="inputs_embeds"):
         spec.propose(*args, inputs_embeds=torch.zeros(3, lm.config.hidden_size))
     with pytest.raises(ValueError, match="kv_caches"):

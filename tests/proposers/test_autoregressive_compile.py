@@ -56,7 +56,7 @@ def make_batch(query_lens, mrope, device, seed=0):
 
 
 def args_of(batch):
-    return (batch.target_token_ids, batch.target_positions, batch.next_token_ids, batch.metadata, batch.sampling)
+    return (batch.target_token_ids, batch.target_positions, None, batch.next_token_ids, batch.metadata, batch.sampling)
 
 
 def twin(spec):
@@ -116,7 +116,7 @@ def test_decode_alone_compiles(device):
 
 def test_dynamic_batch_sizes_compile_once(device):
     """B = 1, 3, 17, 64 through one graph, with the settings an engine uses (as in
-    test_proposer_compile.py): size-oblivious backed sizes (else B = 1 specializes)
+    test_eagle_compile.py): size-oblivious backed sizes (else B = 1 specializes)
     and no duck sizing (else B + 1 = 4 ties to the caches' block size 4). Every batch
     has the same longest window: max_query_len is a Python int, so a guard."""
     sizes = [[9], [5, 1, 9], [9, 1, 5, 3, 7, 2, 8, 4, 6, 9, 1, 2, 3, 9, 8, 7, 9], [1 + b % 9 for b in range(64)]]

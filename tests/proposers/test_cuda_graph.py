@@ -53,7 +53,7 @@ def test_reduce_overhead_is_one_graph_replay_per_call(method, sampling):
         got = call()
     # The same Inductor kernels with and without the graph: identical results. (Against
     # eager, bf16 rounding differs and flips near-tied argmaxes of a random tiny head;
-    # eager equality is checked in fp32 by test_proposer_compile.py.)
+    # eager equality is checked in fp32 by test_eagle_compile.py.)
     assert torch.equal(got.draft_tokens, want.draft_tokens)
     if sampling == "probabilistic":
         torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=0, atol=0)

@@ -10,14 +10,25 @@ Inductor. The compiled call is a continuation with rejected tokens, after an eag
 prefill call filled the shift cache, so the compiled multi-layer call really shifts.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
+from specdraft.config import SpeculativeConfig
+from specdraft.proposers import MultiGroupMTPProposer, MultiLayerEagleProposer
 from specdraft.testing import CompileCounts, fresh_compile
+from specdraft.testing.proposers import make_draft_batch
 
+from fixtures.draft_heads import VOCAB
 from fixtures.multi_proposers import (
+    MG_K,
+    MG_LAYERS,
+    ML_LAYERS,
+    grouped,
     make_multi_group,
     make_multi_layer,
+    mtp_head,
     multi_group_calls,
     multi_layer_calls,
     propose_by_path,
@@ -26,7 +37,6 @@ from fixtures.multi_proposers import (
 
 def to(batch, device):
     """The batch's tensors on `device` (dataclass fields, one level of lists)."""
-    import dataclasses
 
     def move(x):
         if isinstance(x, torch.Tensor):
@@ -63,8 +73,6 @@ def check_same(eager, compiled, want, got, probs):
 
 
 def with_probs(proposer):
-    import dataclasses
-
     if proposer.config.draft_sampling == "probabilistic":
         proposer.config = dataclasses.replace(proposer.config, return_probs="probs")
     return proposer
@@ -120,11 +128,6 @@ def test_fullgraph_inductor_multi_group(device):
 
 
 def dynamic_batches(sizes, device, grouped_tables=False):
-    from proposer_models import VOCAB
-    from test_proposer_multi import grouped
-
-    from specdraft.testing.proposers import make_draft_batch
-
     for num_reqs in sizes:
         batch = make_draft_batch(
             [2 + b % 5 for b in range(num_reqs)],
@@ -168,11 +171,6 @@ def run_dynamic(make, device, grouped_tables):
 
 
 def test_dynamic_batch_sizes_compile_once_multi_layer(device):
-    from test_proposer_multi import ML_LAYERS, mtp_head
-
-    from specdraft.config import SpeculativeConfig
-    from specdraft.proposers import MultiLayerEagleProposer
-
     def make():
         head = mtp_head(False, ML_LAYERS).to(device)
         config = SpeculativeConfig(
@@ -186,11 +184,6 @@ def test_dynamic_batch_sizes_compile_once_multi_layer(device):
 
 
 def test_dynamic_batch_sizes_compile_once_multi_group(device):
-    from test_proposer_multi import MG_K, MG_LAYERS, mtp_head
-
-    from specdraft.config import SpeculativeConfig
-    from specdraft.proposers import MultiGroupMTPProposer
-
     def make():
         head = mtp_head(False, MG_LAYERS, per_layer_lm_head=True).to(device)
         config = SpeculativeConfig(

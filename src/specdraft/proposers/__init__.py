@@ -1,9 +1,11 @@
-"""Proposers: one shared propose loop (base.Proposer) and subclasses that change
-only what differs."""
+"""Proposers: the propose loop as free functions (loop.py), and one thin class per
+proposer holding its head, config, KV caches and what differs. Every proposer has
+the same `propose` signature, and `propose_padded` / `propose_unpadded` after
+verification."""
 
 from specdraft.proposers.autoregressive import AutoregressiveSpeculator, DecodeState, DraftLM
-from specdraft.proposers.base import DraftOutput, Proposer
 from specdraft.proposers.eagle import EagleProposer
+from specdraft.proposers.loop import DraftOutput, DraftSampler, Proposer, StepState
 from specdraft.proposers.multi_group import GroupedBatchMetadata, MultiGroupMTPProposer
 from specdraft.proposers.multi_layer import MultiLayerEagleProposer
 
@@ -12,9 +14,11 @@ __all__ = [
     "DecodeState",
     "DraftLM",
     "DraftOutput",
+    "DraftSampler",
     "EagleProposer",
     "GroupedBatchMetadata",
     "MultiGroupMTPProposer",
     "MultiLayerEagleProposer",
     "Proposer",
+    "StepState",
 ]

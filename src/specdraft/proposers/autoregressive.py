@@ -1,11 +1,11 @@
-"""Autoregressive speculator (reference 004): a small standalone draft LM (token ids
-in, no target hidden states) driven by the shared step hooks, with the draft split
+"""Autoregressive speculator: a small standalone draft LM (token ids in, no target
+hidden states) driven by the shared step loop (loop.decode_n_tokens), with the draft split
 into a prefill (one pass over the new tokens) and a multi-step decode (K - 1
 single-token steps), so an engine can compile or CUDA-graph the decode alone:
 
     spec = AutoregressiveSpeculator(DraftLM(model), config, kv_caches)
     decode = torch.compile(spec.decode, mode="reduce-overhead")  # one graph, K - 1 steps
-    state = spec.prefill(ids, positions, next_ids, metadata, sampling)  # eager or compiled
+    state = spec.prefill(ids, positions, None, next_ids, metadata, sampling)  # eager or compiled
     out = decode(state)
 
 `decode` clones the small [B] state tensors it advances, so the captured graph
@@ -22,11 +22,13 @@ token's slot comes from `step_metadata` (clamped at max_model_len: position 0, P
 advance_draft_positions=False (Gemma4-style, constant positions): the first decode
 step places draft token 0 one position on, as usual; every later step feeds the
 newest draft token at that same position with the same seq_len and the same slot,
-computed once (as the reference builds its slot mapping once, at step 1). So each
+computed once (as vLLM's speculator builds its slot mapping once, at step 1). So each
 step overwrites one KV slot and never writes past it; the noise key (position) is
 the same for every decode step.
 """
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +38,21 @@ from specdraft.checks import check_shape
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.ops import copy_and_expand_inputs
-from specdraft.proposers.base import DraftOutput, Proposer, StepState, first_row, rows, static_min
+from specdraft.proposers.checks import check_batch
+from specdraft.proposers.loop import (
+    DraftOutput,
+    DraftSampler,
+    Proposer,
+    StepState,
+    advance,
+    allocate_draft_probs,
+    bounded,
+    decode_n_tokens,
+    first_row,
+    first_step_state,
+    one_group,
+    static_min,
+)
 
 
 class DraftLM(nn.Module):
@@ -89,20 +105,15 @@ class DraftLM(nn.Module):
 
 @dataclass
 class DecodeState:
-    """What prefill hands to decode: the first draft token and the step state of
-    the token fed next (positions of the next token, already clamped; slots; seq_lens)."""
+    """What prefill hands to decode: draft token 0, the step state of the token fed
+    next (the next token's position, already clamped; its slot; seq_lens), the
+    sampler (with its [B, K, V] buffer, step 0 written) and the device step counter
+    of the buffer row step 0 wrote."""
 
     first_tokens: torch.Tensor  # [B] int32: draft token 0
     step: StepState
-    metadata: BatchMetadata  # the prefill batch (decode reads its block table)
-    sampling: SamplingParams | None
-    draft_probs: torch.Tensor | None  # [B, K, V] fp32, step 0 written
-    draft_step: torch.Tensor  # 0-dim int64 on the device: the step index sampling writes at
-
-
-@dataclass
-class ConstantStepState(StepState):
-    advanced: bool = False  # a trace-time flag: has the one advance of constant mode run
+    sample: DraftSampler
+    draft_step: torch.Tensor | None  # 0-dim int64 on the device, or None without a buffer
 
 
 class AutoregressiveSpeculator(Proposer):
@@ -125,39 +136,37 @@ class AutoregressiveSpeculator(Proposer):
         super().__init__(model, config, kv_caches)
         self.advance_draft_positions = advance_draft_positions
 
-    # -------------------------------------------------------------- public API
-
     def propose(
         self,
         target_token_ids: torch.Tensor,
         target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor | None,
         next_token_ids: torch.Tensor,
         metadata: BatchMetadata,
         sampling: SamplingParams | None = None,
         *,
+        token_indices_to_sample: torch.Tensor | None = None,
         num_rejected_tokens: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> DraftOutput:
         """prefill + decode. Arguments as for `prefill`."""
         state = self.prefill(
-            target_token_ids,
-            target_positions,
-            next_token_ids,
-            metadata,
-            sampling,
-            num_rejected_tokens=num_rejected_tokens,
+            target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
+            token_indices_to_sample=token_indices_to_sample, num_rejected_tokens=num_rejected_tokens,
             inputs_embeds=inputs_embeds,
-        )
+        )  # fmt: skip
         return self.decode(state)
 
     def prefill(
         self,
         target_token_ids: torch.Tensor,
         target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor | None,
         next_token_ids: torch.Tensor,
         metadata: BatchMetadata,
         sampling: SamplingParams | None = None,
         *,
+        token_indices_to_sample: torch.Tensor | None = None,
         num_rejected_tokens: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> DecodeState:
@@ -166,34 +175,31 @@ class AutoregressiveSpeculator(Proposer):
 
         target_token_ids [T], target_positions [T] or [3, T] int64, next_token_ids [B],
         metadata: the target's batch (its slots are the draft's too: same block table).
-        num_rejected_tokens [B]: tokens at the end of each window to drop (at most
-        window - 1). inputs_embeds [T, H] (multimodal): used instead of the embedding
-        of target_token_ids; the next token is always embedded from its id.
+        target_hidden_states: ignored (a standalone LM takes none; the argument keeps
+        the proposers' common signature). num_rejected_tokens [B]: tokens at the end of
+        each window to drop (at most window - 1); token_indices_to_sample is implied by
+        it (each window's last kept token) and ignored. inputs_embeds [T, H]
+        (multimodal): used instead of the embedding of target_token_ids; the next token
+        is always embedded from its id.
         """
-        self.check_prefill_inputs(target_token_ids, target_positions, next_token_ids, metadata, inputs_embeds)
-        num_reqs = metadata.num_reqs
+        num_tokens = check_batch(target_token_ids, target_positions, next_token_ids, metadata)
+        if inputs_embeds is not None:
+            check_shape("inputs_embeds", inputs_embeds, (num_tokens, self.model.config.hidden_size))
+        metadata = bounded(metadata, self.config.block_size)
         expanded = copy_and_expand_inputs(
-            target_token_ids.contiguous(),
-            first_row(target_positions).contiguous(),
-            next_token_ids,
-            metadata.query_start_loc,
-            num_rejected_tokens,
-            num_padding_slots_per_request=1,
-            parallel_drafting_token_id=0,
-            shift_input_ids=False,
-            max_query_len=metadata.max_query_len,
-        )
-        kept = (
-            metadata.seq_lens
-            if num_rejected_tokens is None
-            else metadata.seq_lens - num_rejected_tokens.to(metadata.seq_lens.dtype)
-        )
+            target_token_ids.contiguous(), first_row(target_positions).contiguous(), next_token_ids,
+            metadata.query_start_loc, num_rejected_tokens, num_padding_slots_per_request=1,
+            parallel_drafting_token_id=0, shift_input_ids=False, max_query_len=metadata.max_query_len,
+        )  # fmt: skip
         last = metadata.query_start_loc[1:].long() - 1
+        kept = metadata.seq_lens
         if num_rejected_tokens is not None:
             last = last - num_rejected_tokens.long()
-        state = self.next_token_state(rows(target_positions, last), kept, metadata)
+            kept = kept - num_rejected_tokens.to(kept.dtype)
+        # The next token: one step on from the last kept token (position, slot, seq_len).
+        state = first_step_state(target_positions, last, kept, None, metadata)
+        advance(state, 0, block_size=self.config.block_size, max_model_len=self.config.max_model_len)
         new_index = expanded.new_token_indices.long()
-        pass_metadata = self.prefill_metadata(metadata, expanded, new_index, state)
         embeds = None
         if inputs_embeds is not None:
             embeds = self.model.embed_input_ids(expanded.input_ids)
@@ -201,120 +207,82 @@ class AutoregressiveSpeculator(Proposer):
             embeds = embeds.index_copy(0, new_index, self.model.embed_input_ids(next_token_ids))
         h_sample, h_next = self.model(
             expanded.input_ids,
-            self.prefill_positions(target_positions, expanded, new_index, state),
+            prefill_positions(target_positions, expanded, new_index, state),
             None,
-            self.attention_metadata(pass_metadata),
+            prefill_batch(metadata, expanded, new_index, state, self.config.block_size),
             self.kv_caches,
             spec_step_idx=0,
             inputs_embeds=embeds,
         )
         state.hidden_states = h_next.index_select(0, new_index)
-        draft_step = torch.zeros((), dtype=torch.int64, device=next_token_ids.device)
-        probs = self.allocate_probs(num_reqs, next_token_ids.device)
+        vocab, device = self.model.config.vocab_size, next_token_ids.device
+        sample = DraftSampler(
+            self.config, sampling, allocate_draft_probs(self.config, vocab, metadata.num_reqs, device)
+        )
+        draft_step = None if sample.probs is None else torch.zeros((), dtype=torch.int64, device=device)
         logits = self.model.compute_logits(h_sample.index_select(0, new_index), spec_step_idx=0)
-        first = self.sample_at(logits, state, sampling, probs, draft_step)
-        return DecodeState(first, state, metadata, sampling, probs, draft_step)
+        return DecodeState(sample.step(logits, state, draft_step), state, sample, draft_step)
 
     def decode(self, state: DecodeState) -> DraftOutput:
         """The K - 1 single-token steps after prefill. Compile / capture this alone:
-        `torch.compile(spec.decode, mode="reduce-overhead")`. Leaves `state` as it was."""
-        step_state = self.clone_step_state(state.step)
-        draft_step = state.draft_step.clone()
-        probs = state.draft_probs
-        tokens = [state.first_tokens]
-        for step in range(1, self.num_speculative_tokens):
-            self.advance(step_state, state.metadata)
-            h_sample, step_state.hidden_states = self.model(
-                tokens[-1],
-                step_state.clamped_positions,
-                step_state.hidden_states,
-                self.attention_metadata(self.step_metadata(step_state, state.metadata)),
-                self.kv_caches,
-                spec_step_idx=step,
-            )
-            draft_step.add_(1)
-            logits = self.model.compute_logits(h_sample, spec_step_idx=step)
-            tokens.append(self.sample_at(logits, step_state, state.sampling, probs, draft_step))
-        return DraftOutput(torch.stack(tokens, dim=1), probs)
-
-    # ------------------------------------------------------------------- hooks
-
-    def advance(self, state: StepState, metadata: BatchMetadata) -> None:
-        """Constant mode: only the first decode step moves (to the slot every later
-        step overwrites); afterwards positions, seq_lens and the slot stay."""
-        if self.advance_draft_positions or not getattr(state, "advanced", False):
-            super().advance(state, metadata)
-            state.advanced = True
-
-    # ------------------------------------------------------------------- steps
-
-    def next_token_state(self, last_positions, kept_seq_lens, metadata: BatchMetadata) -> ConstantStepState:
-        """The next token's position (last kept + 1, clamped), slot and seq_len: one
-        step_metadata step from the last kept token."""
-        num_reqs = metadata.num_reqs
-        state = ConstantStepState(
-            positions=last_positions.clone(),
-            clamped_positions=torch.empty_like(last_positions),
-            seq_lens=kept_seq_lens.clone(),
-            slot_mapping=torch.empty(num_reqs, dtype=torch.int64, device=last_positions.device),
-            hidden_states=None,
-            max_seq_len=metadata.max_seq_len,
-        )
-        Proposer.advance(self, state, metadata)
-        return state
-
-    def prefill_metadata(self, metadata, expanded, new_index, state: StepState) -> BatchMetadata:
-        num_reqs = metadata.num_reqs
-        device = metadata.slot_mapping.device
-        mapping = expanded.hidden_state_mapping.long()
-        num_out = expanded.input_ids.shape[0]
-        slots = torch.full((num_out,), PADDING_SLOT_ID, dtype=torch.int64, device=device)
-        slots = slots.index_copy(0, mapping, metadata.slot_mapping.to(torch.int64))
-        # The first rejected input token lands on the next token's row: overwritten below.
-        slots = torch.where(expanded.is_rejected_token_mask, PADDING_SLOT_ID, slots)
-        slots = slots.index_copy(0, new_index, state.slot_mapping)
-        reach = metadata.block_table.shape[1] * self.config.block_size
-        return BatchMetadata(
-            query_start_loc=metadata.query_start_loc
-            + torch.arange(num_reqs + 1, dtype=metadata.query_start_loc.dtype, device=device),
-            # Bottom-right causality: the window grew by one, rejected rows sit after
-            # the next token, so every kept row keeps its sequence index.
-            seq_lens=metadata.seq_lens + 1,
-            block_table=metadata.block_table,
-            slot_mapping=slots,
-            max_query_len=metadata.max_query_len + 1,
-            max_seq_len=static_min(metadata.max_seq_len + 1, reach),
-        )
-
-    @staticmethod
-    def prefill_positions(target_positions, expanded, new_index, state: StepState) -> torch.Tensor:
-        """Kept rows keep their (M-RoPE) positions, the next token gets its clamped
-        position, rejected rows 0."""
-        dim = target_positions.dim() - 1
-        shape = (*target_positions.shape[:-1], expanded.input_ids.shape[0])
-        out = target_positions.new_zeros(shape).index_copy(dim, expanded.hidden_state_mapping.long(), target_positions)
-        out = torch.where(expanded.is_rejected_token_mask, 0, out)
-        return out.index_copy(dim, new_index, state.clamped_positions.to(out.dtype))
-
-    @staticmethod
-    def clone_step_state(step: StepState) -> ConstantStepState:
-        return ConstantStepState(
+        `torch.compile(spec.decode, mode="reduce-overhead")`. Leaves `state` as it was
+        (the captured graph mutates none of its inputs)."""
+        step = state.step
+        own = StepState(
             positions=step.positions.clone(),
             clamped_positions=step.clamped_positions.clone(),
-            seq_lens=step.seq_lens.clone(),
-            slot_mapping=step.slot_mapping.clone(),
             hidden_states=step.hidden_states,
-            max_seq_len=step.max_seq_len,
+            batch=dataclasses.replace(step.batch, seq_lens=step.batch.seq_lens.clone()),
         )
+        tokens = decode_n_tokens(
+            self.model, self.kv_caches, state.first_tokens, own, state.sample, state.draft_step,
+            num_steps=self.num_speculative_tokens,
+            advance=functools.partial(
+                advance_or_hold, moving=self.advance_draft_positions,
+                block_size=self.config.block_size, max_model_len=self.config.max_model_len,
+            ),
+            attention=one_group,
+        )  # fmt: skip
+        return DraftOutput(torch.stack(tokens, dim=1), state.sample.probs)
 
-    def sample_at(self, logits, state: StepState, sampling: SamplingParams | None, probs_out, draft_step):
-        """As Proposer.sample, with the buffer row chosen by a device step counter."""
-        return self.draft_tokens(logits, first_row(state.positions) + 1, sampling, probs_out, draft_step)
 
-    # ------------------------------------------------------------------ checks
+def advance_or_hold(state: StepState, step: int, *, moving: bool, block_size: int, max_model_len: int) -> None:
+    """Constant positions (moving=False): only the first decode step moves, to the
+    slot every later step overwrites; afterwards positions, seq_lens and the slot stay."""
+    if moving or step == 1:
+        advance(state, step, block_size=block_size, max_model_len=max_model_len)
 
-    def check_prefill_inputs(self, target_token_ids, target_positions, next_token_ids, metadata, inputs_embeds):
-        num_tokens = self.check_batch(target_token_ids, target_positions, next_token_ids, metadata)
-        if inputs_embeds is not None:
-            hidden = self.model.config.hidden_size
-            check_shape("inputs_embeds", inputs_embeds, (num_tokens, hidden))
+
+def prefill_batch(metadata: BatchMetadata, expanded, new_index, state: StepState, block_size: int) -> BatchMetadata:
+    """The prefill pass's batch: every window one token longer (its next token)."""
+    num_reqs = metadata.num_reqs
+    device = metadata.slot_mapping.device
+    mapping = expanded.hidden_state_mapping.long()
+    num_out = expanded.input_ids.shape[0]
+    slots = torch.full((num_out,), PADDING_SLOT_ID, dtype=torch.int64, device=device)
+    slots = slots.index_copy(0, mapping, metadata.slot_mapping.to(torch.int64))
+    # The first rejected input token lands on the next token's row: overwritten below.
+    slots = torch.where(expanded.is_rejected_token_mask, PADDING_SLOT_ID, slots)
+    slots = slots.index_copy(0, new_index, state.batch.slot_mapping)
+    reach = metadata.block_table.shape[1] * block_size
+    return BatchMetadata(
+        query_start_loc=metadata.query_start_loc
+        + torch.arange(num_reqs + 1, dtype=metadata.query_start_loc.dtype, device=device),
+        # Bottom-right causality: the window grew by one, rejected rows sit after
+        # the next token, so every kept row keeps its sequence index.
+        seq_lens=metadata.seq_lens + 1,
+        block_table=metadata.block_table,
+        slot_mapping=slots,
+        max_query_len=metadata.max_query_len + 1,
+        max_seq_len=static_min(metadata.max_seq_len + 1, reach),
+    )
+
+
+def prefill_positions(target_positions, expanded, new_index, state: StepState) -> torch.Tensor:
+    """Kept rows keep their (M-RoPE) positions, the next token gets its clamped
+    position, rejected rows 0."""
+    dim = target_positions.dim() - 1
+    shape = (*target_positions.shape[:-1], expanded.input_ids.shape[0])
+    out = target_positions.new_zeros(shape).index_copy(dim, expanded.hidden_state_mapping.long(), target_positions)
+    out = torch.where(expanded.is_rejected_token_mask, 0, out)
+    return out.index_copy(dim, new_index, state.clamped_positions.to(out.dtype))

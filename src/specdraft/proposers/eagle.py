@@ -1,10 +1,7 @@
-"""EAGLE / EAGLE-3 / MTP proposer (reference 002), with the two ways into the
-loop after the target's verification step:
-
-- padded (no host sync): rejected tokens stay in the batch as padding; each
-  request samples after its last accepted token (`propose_padded`);
-- unpadded: rejected tokens are dropped and the batch repacked, which needs one
-  host-side number, the kept token count (`propose_unpadded`).
+"""EAGLE / EAGLE-3 / MTP proposer: a first pass over the target's windows (ids
+shifted by one, each request's next token at its sample index), then K - 1
+single-token steps (specdraft.proposers.loop.draft_k_tokens). config.method picks the
+head family; the loop is the same for all three.
 
 With config.parallel_drafting, all K tokens come from one forward pass
 (`propose_parallel`): each request's window is expanded with its next token and
@@ -12,33 +9,32 @@ K - 1 mask slots (copy_and_expand_inputs, extend_queries_by_n, new_slot_mapping)
 and the K drafts are sampled from those K slots at once.
 """
 
-import dataclasses
+import functools
 
 import torch
 
 from specdraft.config import SamplingParams
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
-from specdraft.ops import (
-    copy_and_expand_inputs,
-    extend_queries_by_n,
-    new_slot_mapping,
-    prepare_eagle_input,
-    prepare_inputs_padded,
-    prepare_next_token_padded,
+from specdraft.layout import BatchMetadata, window_of
+from specdraft.ops import copy_and_expand_inputs, extend_queries_by_n, new_slot_mapping
+from specdraft.proposers.checks import check_propose_inputs
+from specdraft.proposers.loop import (
+    DraftOutput,
+    DraftSampler,
+    Proposer,
+    advance,
+    allocate_draft_probs,
+    bounded,
+    draft_k_tokens,
+    first_row,
+    static_min,
+    step_counter,
 )
-from specdraft.proposers.base import DraftOutput, Proposer, first_row, rows, static_min
-
-
-def repack_slots(slot_mapping: torch.Tensor, index: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """Slots of the kept tokens; rows past the kept total write nothing (PAD)."""
-    return torch.where(real, slot_mapping.index_select(0, index), PADDING_SLOT_ID)
 
 
 class EagleProposer(Proposer):
-    """config.method picks the head family ("eagle", "eagle3", "mtp"); the loop is
-    the same for all three (see Proposer)."""
-
-    repack_slots = staticmethod(repack_slots)
+    """Drafts K tokens per request with an EAGLE-1, EAGLE-3 or MTP head
+    (specdraft.models.heads): `propose`, or after verification `propose_padded` /
+    `propose_unpadded` (specdraft.proposers.loop.Proposer)."""
 
     def propose(
         self,
@@ -52,16 +48,32 @@ class EagleProposer(Proposer):
         token_indices_to_sample: torch.Tensor | None = None,
         num_rejected_tokens: torch.Tensor | None = None,
     ) -> DraftOutput:
-        """Proposer.propose, or propose_parallel when config.parallel_drafting is set
-        (there the sample index is implied: the window end minus num_rejected_tokens)."""
+        """Draft K tokens for each of the B requests.
+
+        target_token_ids [T] int, target_positions [T] int64 or M-RoPE [3, T],
+        target_hidden_states [T, H_target] (EAGLE-3: the aux layers concatenated),
+        next_token_ids [B]: the token the target just sampled for each request.
+        token_indices_to_sample [B]: where each request's next token goes (default:
+        the last token of its window; the padded path after rejection points at the
+        last accepted token, see `prepare_inputs_padded`). num_rejected_tokens [B]:
+        tokens of each window past that index (default 0); they are drafted over as
+        padding and dropped from seq_lens for the later steps. With
+        config.parallel_drafting the sample index is implied (the window end minus
+        num_rejected_tokens): see `propose_parallel`.
+        """
         if self.config.parallel_drafting:
             return self.propose_parallel(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
                 num_rejected_tokens=num_rejected_tokens,
             )  # fmt: skip
-        return super().propose(
-            target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
-            token_indices_to_sample=token_indices_to_sample, num_rejected_tokens=num_rejected_tokens,
+        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        metadata = bounded(metadata, self.config.block_size)
+        return draft_k_tokens(
+            self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
+            next_token_ids, metadata, sampling, token_indices_to_sample=token_indices_to_sample,
+            num_rejected_tokens=num_rejected_tokens,
+            advance=functools.partial(advance, block_size=self.config.block_size,
+                                      max_model_len=self.config.max_model_len),
         )  # fmt: skip
 
     def propose_parallel(
@@ -85,7 +97,8 @@ class EagleProposer(Proposer):
         PARD-style heads learn one). Rejected slots write no KV. M-RoPE positions:
         the new slots continue each row from the window's first position (text
         tokens)."""
-        self.check_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        metadata = bounded(metadata, self.config.block_size)
         k, num_reqs = self.num_speculative_tokens, metadata.num_reqs
         qsl = metadata.query_start_loc
         expanded = copy_and_expand_inputs(
@@ -141,89 +154,9 @@ class EagleProposer(Proposer):
     def sample_parallel(self, logits, token_positions, sampling: SamplingParams | None, num_reqs: int) -> DraftOutput:
         """The B * K drafts in one call (request-major rows): the [B, K, V] buffer is
         filled as B * K requests of one step each."""
-        k = self.num_speculative_tokens
-        probs_out = self.allocate_probs(num_reqs, logits.device)
-        rows_out, step = None, None
-        if probs_out is not None:
-            rows_out = probs_out.view(num_reqs * k, 1, -1)
-            step = torch.zeros((), dtype=torch.int64, device=logits.device)
-        tokens = self.draft_tokens(logits, token_positions, sampling, rows_out, step, repeat=k)
-        return DraftOutput(tokens.view(num_reqs, k), probs_out)
-
-    def repack_group_slots(self, metadata: BatchMetadata, index: torch.Tensor, real: torch.Tensor) -> BatchMetadata:
-        """Hook: proposers with more slot mappings (KV-cache groups) repack them too."""
-        return metadata
-
-    def propose_padded(
-        self,
-        target_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        sampled_token_ids: torch.Tensor,
-        cu_num_draft_tokens: torch.Tensor,
-        backup_next_token_ids: torch.Tensor,
-        metadata: BatchMetadata,
-        sampling: SamplingParams | None = None,
-        *,
-        discard_request_mask: torch.Tensor | None = None,
-    ) -> DraftOutput:
-        """After verification, with no host sync.
-
-        sampled_token_ids [B, K+1]: what the rejection sampler emitted (-1 after the
-        first rejection). cu_num_draft_tokens [B]: inclusive cumsum of the drafts
-        each request was verified with. backup_next_token_ids [B]: the next token of
-        requests that emitted none (e.g. partial prefills, discarded requests).
-        The target batch (metadata) still holds every verified token."""
-        if discard_request_mask is None:
-            discard_request_mask = torch.zeros_like(backup_next_token_ids, dtype=torch.bool)
-        next_tokens = prepare_next_token_padded(
-            sampled_token_ids, discard_request_mask, backup_next_token_ids, self.model.config.vocab_size
-        )
-        padded = prepare_inputs_padded(
-            cu_num_draft_tokens, next_tokens.valid_sampled_tokens_count, metadata.query_start_loc
-        )
-        return self.propose(
-            target_token_ids,
-            target_positions,
-            target_hidden_states,
-            next_tokens.next_token_ids,
-            metadata,
-            sampling,
-            token_indices_to_sample=padded.token_indices_to_sample,
-            num_rejected_tokens=padded.num_rejected_tokens,
-        )
-
-    def propose_unpadded(
-        self,
-        target_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        next_token_ids: torch.Tensor,
-        num_rejected_tokens: torch.Tensor,
-        metadata: BatchMetadata,
-        num_kept_tokens: int,
-        sampling: SamplingParams | None = None,
-    ) -> DraftOutput:
-        """After verification, with the rejected tokens dropped.
-
-        num_kept_tokens: a Python int >= the kept total (T - sum of rejected): the
-        one host-side number this path needs; it sizes the repacked batch. Rows
-        past the kept total are graph padding (PAD slots, never sampled)."""
-        packed = prepare_eagle_input(metadata.query_start_loc, num_rejected_tokens, num_kept_tokens)
-        index = packed.token_indices.long()
-        real = torch.arange(num_kept_tokens, device=index.device) < packed.cu_num_tokens[-1]
-        repacked = dataclasses.replace(
-            metadata,
-            query_start_loc=packed.cu_num_tokens.to(metadata.query_start_loc.dtype),
-            seq_lens=metadata.seq_lens - num_rejected_tokens.to(metadata.seq_lens.dtype),
-            slot_mapping=self.repack_slots(metadata.slot_mapping, index, real),
-        )
-        repacked = self.repack_group_slots(repacked, index, real)
-        return self.propose(
-            target_token_ids.index_select(0, index),
-            rows(target_positions, index),
-            target_hidden_states.index_select(0, index),
-            next_token_ids,
-            repacked,
-            sampling,
-        )
+        k, vocab = self.num_speculative_tokens, self.model.config.vocab_size
+        sample = DraftSampler(self.config, sampling, allocate_draft_probs(self.config, vocab, num_reqs, logits.device))
+        as_rows = None if sample.probs is None else sample.probs.view(num_reqs * k, 1, -1)
+        step = step_counter(sample.probs, 0, logits.device)
+        tokens = sample(logits, token_positions, step, repeat=k, probs=as_rows)
+        return DraftOutput(tokens.view(num_reqs, k), sample.probs)

@@ -1,8 +1,8 @@
-"""MTP proposer whose draft layers live in several KV-cache groups (reference 003,
-Step3.5): each group has its own block table, slot mapping and block size.
+"""MTP proposer whose draft layers live in several KV-cache groups (as Step-3.5's MTP
+draft does): each group has its own block table, slot mapping and block size.
 
-The loop is the shared one (Proposer): a first pass over the target tokens with
-layer 0, then K - 1 single-token steps, step k with layer k % n_predict (MTPHead
+The loop is the shared one (loop.draft_k_tokens): a first pass over the target
+tokens with layer 0, then K - 1 single-token steps, step k with layer k % n_predict (MTPHead
 chooses it; with per_layer_lm_head=True each layer has its own lm_head). What
 differs is only where each layer's KV lives:
 
@@ -14,21 +14,30 @@ differs is only where each layer's KV lives:
   seq_lens advance once (group 0's call); the other groups' calls work on copies and
   contribute only their slots.
 
-Unlike the reference, which recomputes the other groups' slots with the primary
-group's block size, each group uses its own; the step loop has no host sync.
+Unlike vLLM's Step-3.5 proposer, which recomputes the other groups' slots with the
+primary group's block size, each group uses its own; the step loop has no host sync.
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
 from specdraft.checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
-from specdraft.config import SpeculativeConfig
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
+from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.layout import BatchMetadata
 from specdraft.ops import step_metadata
-from specdraft.proposers.base import FirstPass, StepState, static_min
-from specdraft.proposers.eagle import EagleProposer
+from specdraft.proposers.checks import check_propose_inputs
+from specdraft.proposers.loop import (
+    DraftOutput,
+    Proposer,
+    StepState,
+    bounded,
+    draft_k_tokens,
+    single_token_batch,
+    static_min,
+)
 
 
 @dataclass
@@ -74,17 +83,52 @@ class GroupedBatchMetadata(BatchMetadata):
         return len(self.block_tables)
 
 
-@dataclass
-class GroupedStepState(StepState):
-    group_slot_mappings: list[torch.Tensor] = field(default_factory=list)  # [B] int64 per group
+def advance_groups(state: StepState, step: int, *, block_sizes: list[int], max_model_len: int) -> None:
+    """positions + 1 once; every group's slot from its own block table and block size.
+    Group 0's call advances positions and seq_lens; the other groups' calls work on
+    copies (they must see the positions before the step) and contribute only slots."""
+    batch = state.batch
+    slots: list[torch.Tensor] = [batch.slot_mapping] * len(block_sizes)
+    for g in [*range(1, len(block_sizes)), 0]:  # group 0 last: it moves the positions in place
+        positions = state.positions if g == 0 else state.positions.clone()
+        seq_lens = batch.seq_lens.clone()
+        slots[g] = torch.empty_like(batch.slot_mapping)
+        clamped = torch.empty_like(state.positions)
+        step_metadata(
+            positions, seq_lens, batch.block_tables[g], slots[g], clamped,
+            block_size=block_sizes[g], max_model_len=max_model_len,
+        )  # fmt: skip
+    state.clamped_positions = clamped
+    # Each group's block-table reach caps its own layers (per_layer_attention).
+    max_seq_len = static_min(batch.max_seq_len + 1, max_model_len)
+    state.batch = dataclasses.replace(single_token_batch(batch, seq_lens, slots[0], max_seq_len), slot_mappings=slots)
 
 
-class MultiGroupMTPProposer(EagleProposer):
+def per_layer_attention(
+    metadata: GroupedBatchMetadata, *, layer_groups: list[int], block_sizes: list[int]
+) -> list[BatchMetadata]:
+    """One BatchMetadata per draft layer: its group's block table and slot mapping."""
+    per_group = [
+        BatchMetadata(
+            query_start_loc=metadata.query_start_loc,
+            seq_lens=metadata.seq_lens,
+            block_table=metadata.block_tables[g],
+            slot_mapping=metadata.slot_mappings[g],
+            max_query_len=metadata.max_query_len,
+            max_seq_len=static_min(metadata.max_seq_len, metadata.block_tables[g].shape[1] * size),
+        )
+        for g, size in enumerate(block_sizes)
+    ]
+    return [per_group[g] for g in layer_groups]
+
+
+class MultiGroupMTPProposer(Proposer):
     """MTP head (n_predict layers) whose layer i keeps its KV in group layer_groups[i].
 
     layer_groups: the group of each draft layer (len = model.num_kv_layers; groups
     are numbered 0 .. G-1). block_sizes: block size of each group (len G); kv_caches[i]
     must have block size block_sizes[layer_groups[i]]. config.block_size is not used.
+    metadata: a GroupedBatchMetadata.
     """
 
     def __init__(
@@ -122,87 +166,33 @@ class MultiGroupMTPProposer(EagleProposer):
     def num_groups(self) -> int:
         return len(self.block_sizes)
 
-    def repack_group_slots(self, metadata, index, real):
-        """The unpadded path repacks every group's slot mapping like group 0's."""
-        slot_mappings = [self.repack_slots(slots, index, real) for slots in metadata.slot_mappings]
-        return dataclasses.replace(metadata, slot_mapping=slot_mappings[0], slot_mappings=slot_mappings)
+    def propose(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        metadata: GroupedBatchMetadata,
+        sampling: SamplingParams | None = None,
+        *,
+        token_indices_to_sample: torch.Tensor | None = None,
+        num_rejected_tokens: torch.Tensor | None = None,
+    ) -> DraftOutput:
+        """As EagleProposer.propose, with every group's block table and slot mapping."""
+        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        self.check_groups(metadata, target_token_ids.shape[0])
+        metadata = bounded(metadata, self.block_sizes[0])
+        return draft_k_tokens(
+            self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
+            next_token_ids, metadata, sampling, token_indices_to_sample=token_indices_to_sample,
+            num_rejected_tokens=num_rejected_tokens,
+            advance=functools.partial(advance_groups, block_sizes=self.block_sizes,
+                                      max_model_len=self.config.max_model_len),
+            attention=functools.partial(per_layer_attention, layer_groups=self.layer_groups,
+                                        block_sizes=self.block_sizes),
+        )  # fmt: skip
 
-    # ------------------------------------------------------------------- steps
-
-    def first_step_state(self, first: FirstPass, index: torch.Tensor, hidden: torch.Tensor) -> StepState:
-        base = super().first_step_state(first, index, hidden)
-        pads = [torch.full_like(base.slot_mapping, PADDING_SLOT_ID) for _ in range(self.num_groups)]
-        return GroupedStepState(
-            positions=base.positions,
-            clamped_positions=base.clamped_positions,
-            seq_lens=base.seq_lens,
-            slot_mapping=base.slot_mapping,
-            hidden_states=base.hidden_states,
-            max_seq_len=base.max_seq_len,
-            group_slot_mappings=pads,
-        )
-
-    def advance(self, state: GroupedStepState, metadata: GroupedBatchMetadata) -> None:
-        """positions + 1 once; every group's slot from its own block table and size."""
-        max_model_len = self.config.max_model_len
-        # Groups 1.. first, on copies: they must see the positions before the step.
-        for g in range(1, self.num_groups):
-            step_metadata(
-                state.positions.clone(),
-                state.seq_lens.clone(),
-                metadata.block_tables[g],
-                state.group_slot_mappings[g],
-                torch.empty_like(state.positions),
-                block_size=self.block_sizes[g],
-                max_model_len=max_model_len,
-            )
-        state.clamped_positions = torch.empty_like(state.positions)
-        step_metadata(
-            state.positions,
-            state.seq_lens,
-            metadata.block_tables[0],
-            state.group_slot_mappings[0],
-            state.clamped_positions,
-            block_size=self.block_sizes[0],
-            max_model_len=max_model_len,
-        )
-        state.slot_mapping = state.group_slot_mappings[0]
-        # Each group's block-table reach caps its own layers (attention_metadata).
-        state.max_seq_len = static_min(state.max_seq_len + 1, max_model_len)
-
-    def step_metadata(self, state: GroupedStepState, metadata: GroupedBatchMetadata) -> GroupedBatchMetadata:
-        num_reqs = metadata.num_reqs
-        return GroupedBatchMetadata.from_groups(
-            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=state.seq_lens.device),
-            seq_lens=state.seq_lens,
-            block_tables=metadata.block_tables,
-            slot_mappings=state.group_slot_mappings,
-            max_query_len=1,
-            max_seq_len=state.max_seq_len,
-        )
-
-    def attention_metadata(self, metadata: GroupedBatchMetadata) -> list[BatchMetadata]:
-        """One BatchMetadata per group, listed per layer."""
-        per_group = []
-        for g in range(self.num_groups):
-            table = metadata.block_tables[g]
-            reach = table.shape[1] * self.block_sizes[g]
-            per_group.append(
-                BatchMetadata(
-                    query_start_loc=metadata.query_start_loc,
-                    seq_lens=metadata.seq_lens,
-                    block_table=table,
-                    slot_mapping=metadata.slot_mappings[g],
-                    max_query_len=metadata.max_query_len,
-                    max_seq_len=static_min(metadata.max_seq_len, reach),
-                )
-            )
-        return [per_group[g] for g in self.layer_groups]
-
-    # ------------------------------------------------------------------ checks
-
-    def check_inputs(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata):
-        super().check_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+    def check_groups(self, metadata, num_tokens: int) -> None:
         if not isinstance(metadata, GroupedBatchMetadata):
             raise ValueError(f"metadata must be a GroupedBatchMetadata, got {type(metadata).__name__}")
         if metadata.num_groups != self.num_groups or len(metadata.slot_mappings) != self.num_groups:
@@ -210,7 +200,7 @@ class MultiGroupMTPProposer(EagleProposer):
                 f"metadata must hold {self.num_groups} block tables and slot mappings (one per group), "
                 f"got {metadata.num_groups} and {len(metadata.slot_mappings)}"
             )
-        num_reqs, num_tokens = metadata.num_reqs, target_token_ids.shape[0]
+        num_reqs = metadata.num_reqs
         for g in range(self.num_groups):
             table = metadata.block_tables[g]
             check_dtype(f"block_tables[{g}]", table, INDEX_DTYPES)

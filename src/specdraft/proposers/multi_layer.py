@@ -1,8 +1,9 @@
-"""Multi-layer EAGLE (chained MTP) proposer, reference 000.
+"""Multi-layer EAGLE (chained MTP) proposer.
 
 The draft has n_predict MTP layers and drafts exactly n_predict tokens: pass k
-(k = 0 .. n_predict - 1) runs layer k over the *whole* window, as the reference's
-`dummy_run` does (every `spec_step_idx` forward takes all `num_input_tokens`):
+(k = 0 .. n_predict - 1) runs layer k over the *whole* window, as vLLM's multi-layer
+proposer does (every `spec_step_idx` forward takes all the window's tokens);
+`loop.draft_chained` is that loop:
 
     pass 0: ids_0 = shift_by_one(window ids), next token at the sample index
     pass k: ids_k = shift_by_one(ids_{k-1}), draft token k-1 at the sample index
@@ -20,15 +21,12 @@ tokens before the window, which the previous call wrote from draft tokens that m
 have been rejected, and drops the rejected tokens at the end.
 
 Which ids are shifted. adjust_input runs on the *target* ids, before the
-shift-by-one (pass 0's ids are built from the adjusted window). The reference
-names the argument `target_token_ids` next to `target_positions` and
-`target_hidden_states`, and its cache keeps each token id with its own position
-(vLLM's unit test of adjust_input checks cached (id, position) pairs). Its only call
-site in the document, `dummy_run`, passes the proposer's input buffer but only to
-warm up the kernels: it throws the outputs away. In a real engine both orders draft
-the same tokens, because the next call's window starts with the token the previous
-call put at its sample index. With arbitrary inputs they do not, so the tests pin
-this order.
+shift-by-one (pass 0's ids are built from the adjusted window), so its cache keeps
+each token id with its own position (as vLLM's unit test of adjust_input checks
+cached (id, position) pairs). In a real engine shifting before or after the
+shift-by-one drafts the same tokens, because the next call's window starts with the
+token the previous call put at its sample index. With arbitrary inputs they do not,
+so the tests pin this order.
 
 The shift cache. The proposer owns one ShiftCache of max_num_reqs rows and
 MAX_SHIFT = n_predict entries. Cache row b belongs to batch row b from one call to
@@ -48,11 +46,11 @@ from specdraft.checks import check_int_range
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import MAX_SHIFT_LIMIT
-from specdraft.proposers.base import DraftOutput, FirstPass, StepState, rows
-from specdraft.proposers.eagle import EagleProposer
+from specdraft.proposers.checks import check_propose_inputs
+from specdraft.proposers.loop import DraftOutput, Proposer, draft_chained, shift_input_ids
 
 
-class MultiLayerEagleProposer(EagleProposer):
+class MultiLayerEagleProposer(Proposer):
     """Drafts n_predict tokens with an n_predict-layer MTP head (MTPHead picks layer
     spec_step_idx % n_predict), one whole-window pass per layer.
 
@@ -112,8 +110,6 @@ class MultiLayerEagleProposer(EagleProposer):
         else:
             lens.index_fill_(0, torch.as_tensor(rows, dtype=torch.int64, device=lens.device), 0)
 
-    # ------------------------------------------------------------------ the loop
-
     def propose(
         self,
         target_token_ids: torch.Tensor,
@@ -126,82 +122,42 @@ class MultiLayerEagleProposer(EagleProposer):
         token_indices_to_sample: torch.Tensor | None = None,
         num_rejected_tokens: torch.Tensor | None = None,
     ) -> DraftOutput:
-        """As Proposer.propose. num_rejected_tokens is accepted for the padded path
-        and not needed: the shift drops rejected tokens from the end of each window,
-        and tokens it cannot drop sit after the sample index, where causal attention
-        keeps them from the sampled row in every pass."""
-        self.check_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        """As EagleProposer.propose, with the windows shifted first (adjust_input).
+        num_rejected_tokens is accepted for the padded path and not needed: the shift
+        drops rejected tokens from the end of each window, and tokens it cannot drop
+        sit after the sample index, where causal attention keeps them from the sampled
+        row in every pass."""
+        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
         if metadata.num_reqs > self.max_num_reqs:
             raise ValueError(f"metadata holds {metadata.num_reqs} requests, more than max_num_reqs {self.max_num_reqs}")
+        if metadata.max_seq_len is None:
+            metadata = dataclasses.replace(metadata, max_seq_len=metadata.block_table.shape[1] * self.config.block_size)
         if token_indices_to_sample is None:
             token_indices_to_sample = metadata.query_start_loc[1:] - 1
-        cache = self.shift_cache
-        first = FirstPass(
-            # The cache's dtypes: int32 ids, int64 positions and slots.
-            input_ids=target_token_ids.to(cache.token_ids.dtype),
-            positions=target_positions.to(cache.positions.dtype),
-            hidden_states=self.model.combine_hidden_states(target_hidden_states).to(cache.hidden_states.dtype),
-            metadata=dataclasses.replace(metadata, slot_mapping=metadata.slot_mapping.to(torch.int64)),
-            token_indices_to_sample=token_indices_to_sample,
-            seq_lens_after=metadata.seq_lens,
-        )
-        first = self.prepare_first_pass(first)
-        first.input_ids = self.shift_input_ids(first.input_ids, next_token_ids, first.token_indices_to_sample)
-        return self.draft(first, sampling)
-
-    def prepare_first_pass(self, first: FirstPass) -> FirstPass:
-        """adjust_input on the target window: shifted ids, positions, hidden states
-        and slot mapping, moved sample indices, seq_lens shortened by the shift."""
-        md = first.metadata
-        num_reqs = md.num_reqs
+        num_reqs = metadata.num_reqs
         cache = self.cache_rows(num_reqs)
+        # The cache's dtypes: int32 ids, int64 positions and slots.
         adjusted = adjust_input(
-            first.input_ids,
-            first.positions,
-            first.hidden_states,
-            md.query_start_loc,
-            md.seq_lens,
+            target_token_ids.to(cache.token_ids.dtype),
+            target_positions.to(cache.positions.dtype),
+            self.model.combine_hidden_states(target_hidden_states).to(cache.hidden_states.dtype),
+            metadata.query_start_loc,
+            metadata.seq_lens,
             cache,
-            token_indices_to_sample=first.token_indices_to_sample,
-            slot_mapping=md.slot_mapping,
-            max_query_len=md.max_query_len,
+            token_indices_to_sample=token_indices_to_sample,
+            slot_mapping=metadata.slot_mapping.to(torch.int64),
+            max_query_len=metadata.max_query_len,
         )
         self.store_cache_rows(cache, num_reqs)
-        return FirstPass(
-            input_ids=adjusted.token_ids,
-            positions=adjusted.positions,
-            hidden_states=adjusted.hidden_states,
-            metadata=dataclasses.replace(md, seq_lens=adjusted.seq_lens, slot_mapping=adjusted.slot_mapping),
-            token_indices_to_sample=adjusted.token_indices_to_sample,
-            seq_lens_after=first.seq_lens_after,
-        )
-
-    def draft(self, first: FirstPass, sampling: SamplingParams | None) -> DraftOutput:
-        num_reqs = first.metadata.num_reqs
-        index = first.token_indices_to_sample.long()
-        attn = self.attention_metadata(first.metadata)
-        sampled_positions = rows(first.positions, index)
-        # Only `positions` matters to the sampler: it keys the noise by the drafted
-        # token's position (the sample row's position + 1 + k in pass k).
-        state = StepState(
-            positions=sampled_positions,
-            clamped_positions=sampled_positions,
-            seq_lens=first.metadata.seq_lens,
-            slot_mapping=first.metadata.slot_mapping,
-            hidden_states=first.hidden_states,
-            max_seq_len=first.metadata.max_seq_len,
-        )
-        probs_out = self.allocate_probs(num_reqs, first.hidden_states.device)
-        input_ids, hidden = first.input_ids, first.hidden_states
-        tokens: list[torch.Tensor] = []
-        for step in range(self.num_speculative_tokens):
-            if step:
-                input_ids = self.shift_input_ids(input_ids, tokens[-1], index)
-                state.positions = state.positions + 1
-            h_sample, hidden = self.model(input_ids, first.positions, hidden, attn, self.kv_caches, spec_step_idx=step)
-            logits = self.model.compute_logits(h_sample.index_select(0, index), spec_step_idx=step)
-            tokens.append(self.sample(logits, state, sampling, probs_out, step=step))
-        return DraftOutput(torch.stack(tokens, dim=1), probs_out)
+        sample_index = adjusted.token_indices_to_sample.long()
+        return draft_chained(
+            self.model, self.kv_caches, self.config,
+            shift_input_ids(adjusted.token_ids, next_token_ids, sample_index),
+            adjusted.positions,
+            adjusted.hidden_states,
+            dataclasses.replace(metadata, seq_lens=adjusted.seq_lens, slot_mapping=adjusted.slot_mapping),
+            sample_index, sampling,
+        )  # fmt: skip
 
     def propose_unpadded(
         self,
@@ -223,15 +179,10 @@ class MultiLayerEagleProposer(EagleProposer):
         check_int_range("num_kept_tokens", num_kept_tokens, 0)
         rejected = num_rejected_tokens.to(metadata.query_start_loc.dtype)
         return self.propose(
-            target_token_ids,
-            target_positions,
-            target_hidden_states,
-            next_token_ids,
-            metadata,
-            sampling,
+            target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
             token_indices_to_sample=metadata.query_start_loc[1:] - 1 - rejected,
             num_rejected_tokens=num_rejected_tokens,
-        )
+        )  # fmt: skip
 
     # ------------------------------------------------------------- cache rows
 
