@@ -1,5 +1,5 @@
 """Draft models in pure torch that compile under torch.compile(fullgraph=True): a
-paged KV cache and attention, RoPE / M-RoPE, Llama-style layers, the reference draft
+paged KV cache and attention, RoPE / M-RoPE, Llama-style layers, the draft
 heads (EAGLE-1, EAGLE-3, MTP) behind one interface (see specdraft.models.heads), a
 tiny target model, and loading from local HF-format folders."""
 
@@ -12,6 +12,7 @@ from specdraft.models.layers import DecoderLayer, RMSNorm
 from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
 from specdraft.models.rope import RotaryEmbedding
 from specdraft.models.target import TinyTargetModel, default_aux_layers
+from specdraft.models.target_loading import load_target_model, save_target_model
 
 __all__ = [
     "PADDING_SLOT_ID",
@@ -29,9 +30,11 @@ __all__ = [
     "default_aux_layers",
     "kv_cache_shape",
     "load_draft_model",
+    "load_target_model",
     "paged_attention",
     "read_safetensors",
     "save_draft_model",
+    "save_target_model",
     "write_kv_cache",
     "write_safetensors",
 ]

@@ -16,36 +16,23 @@ supply (embed_tokens, lm_head) are recorded in `model.missing_weights`; the head
 refuses to run until share_from(target) fills them. Any other missing, mis-shaped
 or unexpected tensor is a ValueError naming it.
 
-safetensors: the `safetensors` package is used when installed, else the small reader
-below (the format: 8-byte little-endian header length, a JSON header of name ->
-{dtype, shape, data_offsets}, then raw little-endian bytes).
+safetensors files are read and written with the `safetensors` package; a folder with
+a model.safetensors.index.json is read through its weight_map (shards).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
 
-_ST_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 METHODS = ("eagle", "eagle3", "mtp")
 SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
 
@@ -54,72 +41,42 @@ SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of one .safetensors file, on CPU."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        return _read_safetensors_plain(Path(path))
     return load_file(str(path))
-
-
-def _read_safetensors_plain(path: Path) -> dict[str, torch.Tensor]:
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise ValueError(f"{path}: too short to be a safetensors file")
-    n = int.from_bytes(data[:8], "little")
-    if 8 + n > len(data):
-        raise ValueError(f"{path}: header length {n} runs past the end of the file")
-    header = json.loads(data[8 : 8 + n])
-    header.pop("__metadata__", None)
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if info["dtype"] not in _ST_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        dtype, shape = _ST_DTYPES[info["dtype"]], tuple(info["shape"])
-        start, end = info["data_offsets"]
-        numel = 1
-        for s in shape:
-            numel *= s
-        if end - start != numel * dtype.itemsize or base + end > len(data):
-            raise ValueError(f"{path}: tensor {name!r} has {end - start} bytes, expected {numel * dtype.itemsize}")
-        if numel == 0:
-            out[name] = torch.zeros(shape, dtype=dtype)
-            continue
-        raw = bytearray(data[base + start : base + end])
-        out[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape)
-    return out
 
 
 def write_safetensors(
     path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
-    """Write tensors in the safetensors format (dependency-free; readable by the
-    `safetensors` package)."""
-    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
-    blobs, offset = [], 0
+    """Write tensors to one .safetensors file. Tensors that share memory (tied
+    weights) are written as separate copies: the format stores each name's bytes."""
+    seen, out = set(), {}
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
-        if t.dtype not in _ST_NAMES:
-            raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be written")
-        size = t.numel() * t.element_size()
-        blobs.append(ctypes.string_at(t.data_ptr(), size) if size else b"")
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the format pads the header to 8 bytes
-    with open(path, "wb") as f:
-        f.write(len(encoded).to_bytes(8, "little"))
-        f.write(encoded)
-        for blob in blobs:
-            f.write(blob)
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        out[name] = t
+    save_file(out, str(path), metadata=dict(metadata) if metadata else None)
 
 
-def read_checkpoint(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json dict, all tensors) of a local HF-format folder."""
+def read_config(folder: str | Path) -> dict:
+    """config.json of a local HF-format folder."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(f"folder: {folder} has no config.json")
-    hf = json.loads((folder / "config.json").read_text())
+    return json.loads((folder / "config.json").read_text())
+
+
+def read_checkpoint(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json dict, all tensors) of a local HF-format folder: the shards a
+    model.safetensors.index.json names (every tensor it lists must be in its shard),
+    else every *.safetensors file, else pytorch_model*.bin."""
+    folder = Path(folder)
+    hf = read_config(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return hf, _read_sharded(folder, json.loads(index.read_text()))
     files = sorted(folder.glob("*.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
     if files:
@@ -132,6 +89,24 @@ def read_checkpoint(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         for f in bins:
             tensors.update(torch.load(f, map_location="cpu", weights_only=True))
     return hf, tensors
+
+
+def _read_sharded(folder: Path, index: dict) -> dict[str, torch.Tensor]:
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"model.safetensors.index.json in {folder} has no weight_map")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (folder / shard).is_file():
+            raise ValueError(f"model.safetensors.index.json names shard {shard!r}, which is not in {folder}")
+        part = read_safetensors(folder / shard)
+        for name, value in part.items():
+            if weight_map.get(name) == shard:
+                tensors[name] = value
+    for name, shard in weight_map.items():
+        if name not in tensors:
+            raise ValueError(f"tensor {name!r} is missing from shard {shard!r} (model.safetensors.index.json)")
+    return tensors
 
 
 # ---------------------------------------------------------------- layouts
@@ -226,39 +201,59 @@ def load_draft_model(
     return model.to(device) if device is not None else model
 
 
-def fill_state(model: DraftHead, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
-    expected = model.state_dict()
-    missing_shareable = set()
+def copy_state(
+    module: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    may_be_missing: Callable[[str], bool] = lambda name: False,
+    strict: bool = True,
+    checkpoint_name: Callable[[str], str] = lambda name: name,
+) -> set[str]:
+    """Copy checkpoint tensors into module.state_dict() by name (cast to each entry's
+    dtype). A ValueError names a missing tensor (unless may_be_missing(name)), a
+    mis-shaped one, and, when strict, unexpected ones, each by checkpoint_name(its
+    module name). Returns the names left out."""
+    expected = module.state_dict()
+    left_out = set()
     for name, want in expected.items():
         if name not in tensors:
-            if name in SHAREABLE and not _needed_from_checkpoint(model, name):
-                missing_shareable.add(name.split(".")[0])
+            if may_be_missing(name):
+                left_out.add(name)
                 continue
-            if name in ("d2t", "t2d") and model.config.draft_vocab_size == model.config.vocab_size:
-                continue  # no vocabulary map: the identity defaults stand
-            if name == "t2d":
-                continue  # derived from d2t below (vLLM does not read t2d either)
-            raise ValueError(f"tensor {name!r} is missing from the checkpoint")
+            raise ValueError(f"tensor {checkpoint_name(name)!r} is missing from the checkpoint")
         got = tensors[name]
         if tuple(got.shape) != tuple(want.shape):
             raise ValueError(
-                f"tensor {name!r} has shape {tuple(got.shape)} in the checkpoint, expected {tuple(want.shape)} "
+                f"tensor {checkpoint_name(name)!r} has shape {tuple(got.shape)} in the checkpoint, expected {tuple(want.shape)} "
                 "from config.json"
             )
         with torch.no_grad():
             want.copy_(got.to(want.dtype) if not want.dtype.is_floating_point else got)
-    unexpected = sorted(set(tensors) - set(expected))
+    unexpected = sorted(checkpoint_name(name) for name in set(tensors) - set(expected))
     if strict and unexpected:
         raise ValueError(
             f"unexpected tensors in the checkpoint: {', '.join(unexpected[:5])}"
             + (" ..." if len(unexpected) > 5 else "")
         )
+    return left_out
+
+
+def fill_state(model: DraftHead, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
+    identity_map = model.config.draft_vocab_size == model.config.vocab_size
+
+    def may_be_missing(name: str) -> bool:
+        if name in SHAREABLE:  # the target can supply it (share_from)
+            return not _needed_from_checkpoint(model, name)
+        # No vocabulary map: the identity defaults stand. t2d is derived from d2t
+        # below (vLLM does not read t2d either).
+        return (name == "d2t" and identity_map) or name == "t2d"
+
+    left_out = copy_state(model, tensors, may_be_missing, strict)
     if isinstance(model, Eagle3Head):
         _check_d2t(model)
-        if "t2d" not in tensors and model.config.draft_vocab_size != model.config.vocab_size:
+        if "t2d" not in tensors and not identity_map:
             with torch.no_grad():
                 model.t2d.zero_().index_fill_(0, model.draft_token_target_ids(), True)
-    model.missing_weights = frozenset(missing_shareable)
+    model.missing_weights = frozenset(name.split(".")[0] for name in left_out if name in SHAREABLE)
 
 
 def _needed_from_checkpoint(model: DraftHead, name: str) -> bool:
@@ -277,11 +272,19 @@ def _check_d2t(model: Eagle3Head) -> None:
         )
 
 
-def save_draft_model(model: DraftHead, folder: str | Path) -> None:
+def save_draft_model(model: DraftHead, folder: str | Path, shared: Iterable[str] = ()) -> None:
     """Write config.json and model.safetensors in the published layout of the head
-    (EAGLE-1: layers.0.*, EAGLE-3: midlayer.*), leaving out weights it never had."""
+    (EAGLE-1: layers.0.*, EAGLE-3: midlayer.*), leaving out weights it never had and
+    the modules named in `shared` ("embed_tokens", "lm_head": taken from the target,
+    so the loaded head gets them back through share_from(target))."""
+    shared = set(shared)
+    if not shared <= {s.split(".")[0] for s in SHAREABLE}:
+        raise ValueError(
+            f"shared: only {sorted(s.split('.')[0] for s in SHAREABLE)} can be left out, got {sorted(shared)}"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=2))
-    state = {k: v for k, v in model.state_dict().items() if k.split(".")[0] not in model.missing_weights}
+    leave_out = set(model.missing_weights) | shared
+    state = {k: v for k, v in model.state_dict().items() if k.split(".")[0] not in leave_out}
     write_safetensors(folder / "model.safetensors", state)

@@ -53,6 +53,16 @@ class TinyTargetModel(nn.Module):
         _check_same("embed_tokens", self.lm_head.weight, self.embed_tokens)
         self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def tied_embeddings(self) -> bool:
+        return self.lm_head.weight is self.embed_tokens.weight
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """config.json's max_position_embeddings (None when the model was built without
+        one): the longest sequence the model was trained for; RoPE itself has no limit."""
+        return self.config.extra.get("max_position_embeddings")
+
     def forward(
         self, input_ids, positions, attn_metadata, kv_caches, aux_layers: tuple[int, ...] = (), inputs_embeds=None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,0 +1,190 @@
+"""Load and save TinyTargetModel from / to a local Hugging Face folder of the Llama or
+Qwen2 family (config.json plus model.safetensors, or shards through
+model.safetensors.index.json), under the HF tensor names:
+
+    model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent when
+    tie_word_embeddings), model.layers.{i}.input_layernorm.weight,
+    model.layers.{i}.post_attention_layernorm.weight,
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ {q,k,v}_proj.bias for Qwen2),
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight.
+
+Every config.json key that changes the math is either implemented (sizes, GQA,
+head_dim, rms_norm_eps, rope_theta, tie_word_embeddings, Qwen2's q/k/v bias, dtype)
+or refused with a ValueError naming the key (scaled RoPE, partial rotary, sliding
+windows, Llama's attention_bias (it adds an o_proj bias) and mlp_bias, activations
+other than SiLU, quantization, logit soft-capping and scaling): a target that loads
+but computes something else would make the demo's "lossless" claim meaningless.
+Keys that only matter to training or serving (max_position_embeddings, token ids,
+attention_dropout, pretraining_tp, which splits the same matmuls) are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.models.config import DraftModelConfig
+from specdraft.models.loading import _strip_prefix, copy_state, read_checkpoint, write_safetensors
+from specdraft.models.target import TinyTargetModel
+
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Kept from config.json on the model's config (config.extra), written back on save.
+KEPT_KEYS = ("max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+# Keys of other families that change the math; refused whenever set.
+FOREIGN_KEYS = (
+    "quantization_config",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "embedding_multiplier",
+    "residual_multiplier",
+    "attention_multiplier",
+    "scale_emb",
+    "scale_depth",
+)
+
+
+def check_target_config(hf: dict[str, Any]) -> str:
+    """Refuse what TinyTargetModel does not compute; return the model type."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"hf config must be a dict, got {type(hf).__name__}")
+    model_type = hf.get("model_type", "llama")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type: {model_type!r} is not supported (one of {sorted(MODEL_TYPES)})")
+    if "num_hidden_layers" not in hf:
+        raise ValueError("num_hidden_layers: missing from the HF config")
+    if model_type == "qwen2" and "num_key_value_heads" not in hf:
+        # Qwen2Config's default (32) is not the number of heads: do not guess.
+        raise ValueError("num_key_value_heads: missing from the Qwen2 config")
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"hidden_act: {act!r} is not supported (only silu)")
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(key) or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"{key}: expected a dict or null, got {rope!r}")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{key}: rope type {kind!r} is not supported (only default RoPE)")
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"{key}: partial_rotary_factor {rope['partial_rotary_factor']!r} is not supported")
+    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor: {hf['partial_rotary_factor']!r} is not supported (only 1.0)")
+    _check_sliding_window(hf, model_type)
+    if model_type == "llama" and hf.get("attention_bias", False):
+        raise ValueError("attention_bias: Llama's attention_bias adds an o_proj bias, which is not supported")
+    if hf.get("mlp_bias", False):
+        raise ValueError("mlp_bias: MLP biases are not supported")
+    for key in FOREIGN_KEYS:
+        if hf.get(key) is not None:
+            raise ValueError(f"{key}: not supported ({hf[key]!r})")
+    return model_type
+
+
+def _check_sliding_window(hf: dict[str, Any], model_type: str) -> None:
+    # Qwen2 stores a window size it only uses with use_sliding_window; a config with
+    # sliding_window and no such switch (Mistral's convention) uses it.
+    window = hf.get("sliding_window")
+    use = hf.get("use_sliding_window", model_type != "qwen2")
+    if window is not None and use:
+        raise ValueError(f"sliding_window: sliding-window attention ({window}) is not supported")
+    # transformers marks layers "sliding_attention" only when a window is in use (refused
+    # above); any other kind of layer (linear attention, ...) is not this model.
+    odd = sorted({t for t in hf.get("layer_types") or () if t not in ("full_attention", "sliding_attention")})
+    if odd:
+        raise ValueError(f"layer_types: {odd} layers are not supported (only full attention)")
+
+
+def target_config_from_hf(hf: dict[str, Any], dtype: torch.dtype | None = None) -> DraftModelConfig:
+    """The TinyTargetModel config of a Llama / Qwen2 config.json dict (after the
+    refusals of check_target_config)."""
+    model_type = check_target_config(hf)
+    # Qwen2 always has q/k/v biases and no o_proj bias: attention_bias's meaning here.
+    config = DraftModelConfig.from_hf_config({**hf, "attention_bias": model_type == "qwen2"}, dtype=dtype)
+    extra = {key: hf[key] for key in KEPT_KEYS if hf.get(key) is not None}
+    return dataclasses.replace(config, extra={"model_type": model_type, **extra})
+
+
+def hf_to_module_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names -> TinyTargetModel's (a leading "model." dropped); old checkpoints'
+    rotary_emb.inv_freq buffers are derived, not weights, and are skipped."""
+    return {_strip_prefix(k): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+
+
+def hf_name(name: str) -> str:
+    """TinyTargetModel's name -> the HF checkpoint's."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def load_target_model(
+    folder: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> TinyTargetModel:
+    """A TinyTargetModel from a local Llama / Qwen2 HF folder. dtype overrides
+    config.json's torch_dtype. Missing, mis-shaped and unexpected tensors are a
+    ValueError naming them; so are config keys whose math is not implemented."""
+    hf, raw = read_checkpoint(folder)
+    config = target_config_from_hf(hf, dtype=dtype)
+    tied = bool(hf.get("tie_word_embeddings", False))
+    tensors = hf_to_module_names(raw)
+    model = TinyTargetModel(config)
+    if tied:
+        model.tie_embeddings()
+        head = tensors.pop("lm_head.weight", None)
+        embed = tensors.get("embed_tokens.weight")
+        if head is not None and embed is not None and not torch.equal(head, embed):
+            raise ValueError(
+                "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but tie_word_embeddings is true"
+            )
+    copy_state(model, tensors, may_be_missing=lambda name: tied and name == "lm_head.weight", checkpoint_name=hf_name)
+    return model.to(device) if device is not None else model
+
+
+def target_hf_config(model: TinyTargetModel) -> dict[str, Any]:
+    """The config.json of save_target_model: plain Llama (or Qwen2 when the model has
+    q/k/v biases) keys, readable by transformers' LlamaForCausalLM / Qwen2ForCausalLM."""
+    c = model.config
+    model_type = "qwen2" if c.attention_bias else "llama"
+    if c.uses_mrope:
+        raise ValueError("mrope_section: an M-RoPE target has no Llama / Qwen2 config")
+    extra = {key: c.extra[key] for key in KEPT_KEYS if c.extra.get(key) is not None}
+    out = {
+        "architectures": [MODEL_TYPES[model_type]],
+        "model_type": model_type,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": model.tied_embeddings,
+        "torch_dtype": str(c.dtype).removeprefix("torch."),
+        **extra,
+    }
+    if model_type == "llama":
+        out |= {"attention_bias": False, "mlp_bias": False}
+    else:
+        out |= {"use_sliding_window": False, "sliding_window": None}
+    return out
+
+
+def save_target_model(model: TinyTargetModel, folder: str | Path) -> None:
+    """Write config.json and model.safetensors under the HF names (lm_head.weight left
+    out when the embeddings are tied), so load_target_model and transformers read it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf = target_hf_config(model)
+    state = {hf_name(name): value for name, value in model.state_dict().items()}
+    if model.tied_embeddings:
+        del state["lm_head.weight"]
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    write_safetensors(folder / "model.safetensors", state, metadata={"format": "pt"})
