@@ -97,7 +97,7 @@ class DraftHead(nn.Module):
         lm_head = self.shares_lm_head_by_default if lm_head is None else lm_head
         missing = set(self.missing_weights)
         if embedding:
-            _check_same("embed_tokens", self.embed_tokens.weight, getattr(target, "embed_tokens", None))
+            check_shareable("embed_tokens", self.embed_tokens.weight, getattr(target, "embed_tokens", None))
             self.embed_tokens = target.embed_tokens
             missing.discard("embed_tokens")
         if lm_head:
@@ -105,13 +105,15 @@ class DraftHead(nn.Module):
             if not heads:
                 raise ValueError(f"lm_head: {type(self).__name__} has per-layer heads; they are not shared")
             for path, module in heads.items():
-                _check_same("lm_head", module.weight, getattr(target, "lm_head", None))
+                check_shareable("lm_head", module.weight, getattr(target, "lm_head", None))
                 _set_path(self, path, target.lm_head)
             missing.discard("lm_head")
         self.missing_weights = frozenset(missing)
 
 
-def _check_same(name: str, own: torch.Tensor, theirs: nn.Module | None) -> None:
+def check_shareable(name: str, own: torch.Tensor, theirs: nn.Module | None) -> None:
+    """`theirs` (a target module) can stand in for the weight `own`: same shape and
+    dtype. A ValueError naming the weight otherwise."""
     if theirs is None or not isinstance(getattr(theirs, "weight", None), torch.Tensor):
         raise ValueError(f"{name}: the target has no {name} module with a weight")
     if theirs.weight.shape != own.shape:

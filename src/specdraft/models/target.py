@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.heads import _check_same, metadata_for_layer
+from specdraft.models.heads import check_shareable, metadata_for_layer
 from specdraft.models.kv_cache import allocate_kv_caches
 from specdraft.models.layers import DecoderLayer, RMSNorm
 
@@ -50,7 +50,7 @@ class TinyTargetModel(nn.Module):
 
     def tie_embeddings(self) -> None:
         """lm_head.weight = embed_tokens.weight (tied-embedding targets)."""
-        _check_same("embed_tokens", self.lm_head.weight, self.embed_tokens)
+        check_shareable("embed_tokens", self.lm_head.weight, self.embed_tokens)
         self.lm_head.weight = self.embed_tokens.weight
 
     @property

@@ -1,0 +1,310 @@
+"""The decoder: prefill, then iterations of verify -> rejection sampling -> propose,
+with the host loop (stop conditions, timing, progress) around them.
+
+One iteration (`SpeculativeDecoder.iteration`) is a function of tensors only (the
+state, the fixed per-request tensors) with Python ints for every bound (K, block
+size, the block table's reach), so `torch.compile(decoder.iteration,
+fullgraph=True)` traces it whole and, with mode="reduce-overhead" on CUDA, replays
+it as one graph. The host reads one [2, B] tensor (done flags and token counts)
+per iteration, between iterations.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from specdraft.config import SamplingParams
+from specdraft.models import default_aux_layers
+
+from . import checks
+from .state import DecodeState, Requests, commit, initial_state
+from .stats import Clock, GenerationStats, Timings, build_stats
+from .verify import prompt_batch, sample_target, window_batch
+
+
+class GenerationResult(NamedTuple):
+    tokens: list[torch.Tensor]  # per request: its generated ids, 1-D int32 on the CPU (EOS included)
+    stats: GenerationStats
+
+
+class Verified(NamedTuple):
+    """What the draft half of an iteration needs from the verify half."""
+
+    token_ids: torch.Tensor  # [B * (K + 1)] int32: each request's [last token, K drafts]
+    positions: torch.Tensor  # [B * (K + 1)] int64
+    hidden_states: torch.Tensor  # [B * (K + 1), H]: what the draft reads (EAGLE-3: aux states)
+    sampled: torch.Tensor  # [B, K + 1] int32: the rejection sampler's tokens
+    lens: torch.Tensor  # [B] int64: positions of the last tokens, before this pass
+    last_tokens: torch.Tensor  # [B] int32, before this pass
+    done: torch.Tensor  # [B] bool, before this pass
+
+
+def num_kv_blocks(num_reqs: int, max_model_len: int, num_speculative_tokens: int, block_size: int) -> int:
+    """KV-cache blocks (of each layer, target and draft alike) generate needs for a
+    batch of num_reqs prompts: every request gets ceil((max_model_len + K) /
+    block_size) blocks."""
+    return num_reqs * checks.blocks_per_request(max_model_len, num_speculative_tokens, block_size)
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of a batch of prompts with `target` and `proposer`
+    (EagleProposer for EAGLE-1 / EAGLE-3 / MTP heads, MultiLayerEagleProposer,
+    AutoregressiveSpeculator), or plain decoding of the target when proposer is None.
+
+    target: a model like TinyTargetModel: forward(input_ids, positions,
+    attn_metadata, kv_caches, aux_layers=()) -> (final hidden after norm, aux or
+    None), compute_logits(hidden), allocate_kv_caches(num_blocks, block_size),
+    config.vocab_size / hidden_size / num_layers. The draft reads the target's final
+    hidden state (EAGLE-1, MTP) or its aux hidden states (config.method == "eagle3":
+    aux_layers, default default_aux_layers(num_layers), concatenated).
+
+    max_model_len, block_size: the proposer's config (pass them only for plain
+    decoding; a value that differs from the config is an error). compile: False, True
+    (torch.compile(fullgraph=True)) or a dict of torch.compile options (e.g.
+    {"mode": "reduce-overhead"}, {"backend": "aot_eager"}), applied to the
+    iteration (and to its two halves with time_split). The prefill runs eagerly.
+
+    The target's KV caches are allocated on first use (num_kv_blocks blocks), or
+    passed as target_kv_caches; the draft's are the proposer's. Both use one block
+    table: request b owns blocks b * n .. b * n + n - 1.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        proposer=None,
+        *,
+        max_model_len: int | None = None,
+        block_size: int | None = None,
+        aux_layers: tuple[int, ...] | None = None,
+        compile: bool | dict = False,
+        target_kv_caches: list[torch.Tensor] | None = None,
+    ) -> None:
+        checks.check_target(target)
+        self.target = target
+        self.proposer = proposer
+        if proposer is not None:
+            config = proposer.config
+            for name, value in (("max_model_len", max_model_len), ("block_size", block_size)):
+                if value is not None and value != getattr(config, name):
+                    raise ValueError(
+                        f"{name}: {value} differs from the proposer's config.{name} {getattr(config, name)}"
+                    )
+            max_model_len, block_size = config.max_model_len, config.block_size
+            self.feeds_aux = config.method == "eagle3"
+            self.k = proposer.num_speculative_tokens
+        else:
+            if max_model_len is None:
+                raise ValueError("max_model_len: required for plain decoding (no proposer config to take it from)")
+            block_size = 16 if block_size is None else block_size
+            self.feeds_aux = False
+            self.k = 0
+        self.max_model_len = checks.positive_int("max_model_len", max_model_len)
+        self.block_size = checks.positive_int("block_size", block_size)
+        if aux_layers is None:
+            aux_layers = default_aux_layers(target.config.num_layers) if self.feeds_aux else ()
+        self.aux_layers = checks.check_aux_layers(aux_layers, target.config.num_layers)
+        if proposer is not None:
+            checks.check_proposer(proposer, target, self.aux_layers, self.feeds_aux)
+            self.use_draft_probs = (
+                proposer.config.draft_sampling == "probabilistic" and proposer.config.return_probs == "probs"
+            )
+        self.blocks_per_request = checks.blocks_per_request(self.max_model_len, self.k, self.block_size)
+        self.reach = self.blocks_per_request * self.block_size  # attention's static max_seq_len
+        self.target_kv_caches = None
+        self.owns_target_caches = False
+        if target_kv_caches is not None:
+            self._set_target_caches(list(target_kv_caches))
+        self.compile_options = None if compile is False else ({} if compile is True else dict(compile))
+        fns = {"iteration": self.iteration, "verify": self.verify, "draft": self.draft}
+        if self.compile_options is not None:
+            fns = {name: torch.compile(fn, fullgraph=True, **self.compile_options) for name, fn in fns.items()}
+        self.compiled = fns
+
+    # ------------------------------------------------------------------ caches
+
+    def _set_target_caches(self, caches: list[torch.Tensor]) -> None:
+        if len(caches) != target_num_kv_layers(self.target):
+            raise ValueError(f"target_kv_caches must hold one cache per target layer, got {len(caches)}")
+        for i, cache in enumerate(caches):
+            if cache.dim() != 5 or cache.shape[2] != self.block_size:
+                raise ValueError(f"target_kv_caches[{i}] must be [2, blocks, {self.block_size}, heads, dim]")
+            # Written in place every pass: a static address keeps a CUDA graph valid.
+            torch._dynamo.mark_static_address(cache)
+        self.target_kv_caches = caches
+
+    def _ensure_target_caches(self, num_blocks: int) -> None:
+        # Caches this decoder allocated grow with the batch (new addresses: a compiled
+        # iteration recompiles once); caches the caller passed must be large enough.
+        if self.target_kv_caches is None or (
+            self.owns_target_caches and self.target_kv_caches[0].shape[1] < num_blocks
+        ):
+            self._set_target_caches(self.target.allocate_kv_caches(num_blocks, self.block_size))
+            self.owns_target_caches = True
+        elif self.target_kv_caches[0].shape[1] < num_blocks:
+            raise ValueError(
+                f"target_kv_caches hold {self.target_kv_caches[0].shape[1]} blocks; this batch needs {num_blocks}"
+            )
+
+    # --------------------------------------------------------------- one pass
+
+    def run_target(self, token_ids, positions, metadata):
+        """(final hidden [T, H], what the draft reads [T, H or 3H])."""
+        if self.aux_layers:
+            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches, aux_layers=self.aux_layers)
+        else:
+            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches)
+        return hidden, (aux if self.feeds_aux else hidden)
+
+    def prefill(self, prompts: list[torch.Tensor], requests: Requests) -> DecodeState:
+        """The target over every prompt (writing its cache), each request's first token
+        sampled from its last prompt row, then the draft's first propose over the
+        prompts with that token as next token."""
+        token_ids, positions, metadata, last_rows = prompt_batch(
+            prompts, requests.block_table, self.block_size, self.reach
+        )
+        hidden, draft_hidden = self.run_target(token_ids, positions, metadata)
+        logits = self.target.compute_logits(hidden.index_select(0, last_rows))
+        prompt_lens = metadata.seq_lens.long()
+        first, _ = sample_target(logits[:, None], None, None, requests, prompt_lens)
+        width = int(requests.limits.max()) + self.k + 1
+        state = initial_state(first[:, 0], prompt_lens, requests, self.k, width)
+        if self.proposer is None:
+            return state
+        out = self.proposer.propose(token_ids, positions, draft_hidden, state.last_tokens, metadata, requests.sampling)
+        return state._replace(drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+
+    def _draft_probs(self, out):
+        return out.draft_probs.contiguous() if self.use_draft_probs else None
+
+    def verify(self, state: DecodeState, requests: Requests) -> tuple[DecodeState, Verified]:
+        """The target over [last token, K drafts] of every request, rejection sampling
+        and the commit of what it emitted (plain decoding: [last token] only)."""
+        width = self.k + 1
+        if self.k:
+            token_ids = torch.cat([state.last_tokens[:, None], state.drafts], dim=1).reshape(-1)
+        else:
+            token_ids = state.last_tokens
+        positions, metadata = window_batch(state.lens, width, requests.block_table, self.block_size, self.reach)
+        hidden, draft_hidden = self.run_target(token_ids, positions, metadata)
+        logits = self.target.compute_logits(hidden).view(state.lens.shape[0], width, -1)
+        drafts = state.drafts if self.k else None
+        sampled, counts = sample_target(logits, drafts, state.draft_probs, requests, state.lens + 1)
+        verified = Verified(token_ids, positions, draft_hidden, sampled, state.lens, state.last_tokens, state.done)
+        return commit(state, sampled, counts, requests), verified
+
+    def draft(self, state: DecodeState, verified: Verified, requests: Requests) -> DecodeState:
+        """The proposer's padded path over the verified windows: each request samples
+        after its last accepted token; rejected tokens stay as padding, and their KV
+        slots are rewritten by the next pass (positions restart from the accepted
+        length). Finished requests are discarded (they draft from their last token)."""
+        if self.k == 0:
+            return state
+        num_reqs = state.lens.shape[0]
+        _, metadata = window_batch(verified.lens, self.k + 1, requests.block_table, self.block_size, self.reach)
+        cu_num_draft_tokens = torch.arange(1, num_reqs + 1, dtype=torch.int32, device=state.lens.device) * self.k
+        out = self.proposer.propose_padded(
+            verified.token_ids, verified.positions, verified.hidden_states, verified.sampled, cu_num_draft_tokens,
+            verified.last_tokens, metadata, requests.sampling, discard_request_mask=verified.done,
+        )  # fmt: skip
+        return state._replace(drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+
+    def iteration(self, state: DecodeState, requests: Requests) -> DecodeState:
+        """One iteration: verify (target pass, rejection sampling, commit), then draft."""
+        state, verified = self.verify(state, requests)
+        return self.draft(state, verified, requests)
+
+    # ------------------------------------------------------------------ a run
+
+    def requests(self, prompts, max_new_tokens, sampling, eos_token_id) -> tuple[list[torch.Tensor], Requests]:
+        """Checked prompts and the per-request tensors on the target's device."""
+        vocab = self.target.config.vocab_size
+        prompts = checks.as_prompts(prompts, vocab, self.max_model_len)
+        num_reqs = len(prompts)
+        max_new = checks.check_max_new_tokens(max_new_tokens, num_reqs)
+        eos = checks.check_eos(eos_token_id, num_reqs, vocab)
+        temperature, seeds = checks.check_sampling(sampling, num_reqs, self.proposer)
+        num_blocks = num_reqs * self.blocks_per_request
+        if self.proposer is not None:
+            checks.check_draft_capacity(self.proposer, num_blocks, num_reqs)
+        self._ensure_target_caches(num_blocks)
+        device = self.target_kv_caches[0].device
+        limits = [min(m, self.max_model_len - p.shape[0]) for m, p in zip(max_new, prompts, strict=True)]
+        requests = Requests(
+            block_table=torch.arange(num_blocks, dtype=torch.int32).view(num_reqs, -1).to(device),
+            limits=torch.tensor(limits, dtype=torch.int64, device=device),
+            eos_token_ids=torch.tensor(eos, dtype=torch.int64, device=device),
+            sampling=SamplingParams(temperature=temperature.to(device), seeds=seeds.to(device)),
+        )
+        return prompts, requests
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts,
+        *,
+        max_new_tokens: int | list[int] = 32,
+        sampling: SamplingParams | None = None,
+        eos_token_id: int | list[int | None] | None = None,
+        time_split: bool = False,
+        progress: bool = False,
+    ) -> GenerationResult:
+        """Generate for every prompt until its EOS (included in its output), its
+        max_new_tokens, or max_model_len total tokens. See `generate` for the arguments."""
+        prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
+        if hasattr(self.proposer, "reset_cache"):
+            self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache
+        clock, timings = Clock(requests.limits.device), Timings()
+        start = clock()
+        state = self.prefill(prompts, requests)
+        flags = host_flags(state)
+        timings.prefill = clock() - start
+        bar = progress_bar(progress, int(requests.limits.sum()), int(flags[1].sum()))
+        if time_split:
+            timings.verify, timings.draft = 0.0, 0.0
+        graphs = (self.compile_options or {}).get("mode") in ("reduce-overhead", "max-autotune")
+        max_iterations = int(requests.limits.max())  # each pass gives every running request >= 1 token
+        decode_start = clock()
+        while not bool(flags[0].all()) and timings.iterations < max_iterations:
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            if time_split:  # two calls, timed apart (two graphs instead of one)
+                t0 = clock()
+                state, verified = self.compiled["verify"](state, requests)
+                t1 = clock()
+                if self.k:
+                    state = self.compiled["draft"](state, verified, requests)
+                t2 = clock()
+                timings.verify += t1 - t0
+                timings.draft += t2 - t1
+            else:
+                state = self.compiled["iteration"](state, requests)
+            timings.iterations += 1
+            before = int(flags[1].sum())
+            flags = host_flags(state)
+            if bar is not None:
+                bar.update(int(flags[1].sum()) - before)
+        timings.decode = clock() - decode_start
+        if bar is not None:
+            bar.close()
+        out = state.out_tokens.cpu()
+        counts = flags[1].tolist()
+        tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
+        return GenerationResult(tokens, build_stats(state, timings))
+
+
+def target_num_kv_layers(target) -> int:
+    return getattr(target, "num_kv_layers", target.config.num_layers)
+
+
+def host_flags(state: DecodeState) -> torch.Tensor:
+    """The one device-to-host copy per iteration: [2, B] int64 (done, num_generated)."""
+    return torch.stack([state.done.long(), state.num_generated]).cpu()
+
+
+def progress_bar(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="tok", desc="generate", dynamic_ncols=True)

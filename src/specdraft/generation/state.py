@@ -1,0 +1,137 @@
+"""What a batch of requests carries from one iteration to the next, and the
+bookkeeping that commits what one verify pass emitted: tensors in, tensors out,
+static shapes, no host sync.
+
+A request's sequence is its prompt (P tokens) then its generated tokens. Between
+iterations the newest token (`last_tokens`) is not yet in the target's KV cache; it
+sits at position `lens` = P + num_generated - 1, which is also the number of tokens
+the target's cache holds for the request. The next verify pass feeds
+[last token, K drafts] at positions lens .. lens + K. A finished request keeps
+running as padding on a frozen state (same window every pass), so its outputs stop
+while no shape changes.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from specdraft.config import SamplingParams
+
+
+@dataclass
+class Requests:
+    """What stays fixed for a batch during a run (device tensors, [B] unless noted).
+
+    block_table [B, blocks_per_request] int32: the request's KV blocks, the same
+    block ids in the target's caches and the draft's. limits int64: tokens the
+    request may generate (min(max_new_tokens, max_model_len - prompt length)).
+    eos_token_ids int64: the request's EOS id, or -1 for none. sampling:
+    temperature (0 = greedy) and seeds, for the target's sampling and the draft's.
+    """
+
+    block_table: torch.Tensor
+    limits: torch.Tensor
+    eos_token_ids: torch.Tensor
+    sampling: SamplingParams
+
+    @property
+    def num_reqs(self) -> int:
+        return self.limits.shape[0]
+
+
+class DecodeState(NamedTuple):
+    """The batch between two iterations.
+
+    last_tokens [B] int32: each request's newest token, not yet in the target's cache.
+    lens [B] int64: its position (= tokens in the target's cache).
+    drafts [B, K] int32 and draft_probs [B, K, V] fp32 or None: the next pass's drafts
+        (K = 0 for plain decoding).
+    num_generated [B] int64: tokens emitted so far (out_tokens[b, :num_generated[b]]).
+    done [B] bool: finished (EOS emitted, limit reached); its row no longer changes.
+    out_tokens [B, W] int32: generated tokens, -1 past num_generated.
+    accepted [K] int64: statistics, how many times draft k (0-based) was accepted,
+        summed over the passes in which the request was running.
+    passes [B] int64: statistics, verify passes in which each request was running.
+    """
+
+    last_tokens: torch.Tensor
+    lens: torch.Tensor
+    drafts: torch.Tensor
+    draft_probs: torch.Tensor | None
+    num_generated: torch.Tensor
+    done: torch.Tensor
+    out_tokens: torch.Tensor
+    accepted: torch.Tensor
+    passes: torch.Tensor
+
+
+def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative_tokens: int, width: int):
+    """The state after the prefill sampled each request's first token (drafts empty,
+    to be filled by the draft's prefill)."""
+    num_reqs = first_tokens.shape[0]
+    device = first_tokens.device
+    first = first_tokens.to(torch.int32).contiguous()
+    out = torch.full((num_reqs, width), -1, dtype=torch.int32, device=device)
+    out[:, 0] = first
+    num_generated = torch.ones(num_reqs, dtype=torch.int64, device=device)
+    done = (first.long() == requests.eos_token_ids) | (num_generated >= requests.limits)
+    return DecodeState(
+        last_tokens=first,
+        lens=prompt_lens.to(torch.int64),
+        drafts=torch.zeros(num_reqs, num_speculative_tokens, dtype=torch.int32, device=device),
+        draft_probs=None,
+        num_generated=num_generated,
+        done=done,
+        out_tokens=out,
+        accepted=torch.zeros(num_speculative_tokens, dtype=torch.int64, device=device),
+        passes=torch.zeros(num_reqs, dtype=torch.int64, device=device),
+    )
+
+
+def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, requests: Requests) -> DecodeState:
+    """Take what a verify pass emitted into the state (drafts left as they were).
+
+    tokens [B, R] int32 (the rejection sampler's: accepted drafts, the emitted token,
+    then -1), counts [B] accepted drafts. A running request emits counts + 1 tokens,
+    cut after its EOS and at its limit; it finishes when either cut applies. Finished
+    rows keep their state: their window, position and outputs stay as they were.
+    """
+    num_cols = tokens.shape[1]
+    active = ~state.done
+    j = torch.arange(num_cols, device=tokens.device)
+    emitted = counts.long() + 1  # accepted drafts + the recovered / bonus token
+    is_eos = (tokens.long() == requests.eos_token_ids[:, None]) & (j[None, :] < emitted[:, None])
+    first_eos = torch.where(is_eos, j[None, :], num_cols).amin(dim=1)  # num_cols: none
+    room = requests.limits - state.num_generated
+    keep = torch.minimum(torch.minimum(emitted, first_eos + 1), room)
+    keep = torch.where(active, keep, 0)
+
+    # out[b, n_b + j] = tokens[b, j] for j < keep[b]; every other cell rewritten with
+    # its own value. Columns stay below the width: n_b + j < limit + R <= W.
+    width = state.out_tokens.shape[1]
+    cols = (state.num_generated[:, None] + j[None, :]).clamp(max=width - 1)
+    old = state.out_tokens.gather(1, cols)
+    new = torch.where(j[None, :] < keep[:, None], tokens.to(state.out_tokens.dtype), old)
+    out_tokens = state.out_tokens.scatter(1, cols, new)
+
+    num_generated = state.num_generated + keep
+    newest = tokens.gather(1, (keep - 1).clamp(min=0)[:, None])[:, 0]
+    last_tokens = torch.where(keep > 0, newest.to(state.last_tokens.dtype), state.last_tokens)
+    # Only a request that finishes here can keep fewer than it emitted, so the
+    # positions of running requests advance by exactly what the target verified.
+    lens = state.lens + keep
+    done = state.done | (first_eos < keep) | (num_generated >= requests.limits)
+
+    k = state.accepted.shape[0]
+    steps = torch.arange(k, device=tokens.device)
+    accepted_now = active[:, None] & (counts.long()[:, None] > steps[None, :])
+    return state._replace(
+        last_tokens=last_tokens,
+        lens=lens,
+        num_generated=num_generated,
+        done=done,
+        out_tokens=out_tokens,
+        accepted=state.accepted + accepted_now.sum(dim=0),
+        passes=state.passes + active.long(),
+    )

@@ -1,0 +1,92 @@
+"""The target's side of an iteration: the batch layout of a verify pass (R query
+tokens per request at positions lens .. lens + R - 1, slots from the block table),
+the prompts' prefill layout, and sampling the target's tokens with the rejection
+sampler (strict greedy at temperature 0, Leviathan otherwise).
+
+Plain decoding and the prefill are verify passes with no drafts: the rejection
+sampler with zero drafts emits the target's own token (argmax, or a Gumbel-max
+sample keyed by the request's seed and the token's position), the same key the
+speculative path uses for a bonus token.
+"""
+
+import torch
+
+from specdraft.layout import BatchMetadata
+from specdraft.ops import rejection_sample
+
+from .state import Requests
+
+
+def slots_of(positions: torch.Tensor, rows: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """KV slot of each position of request rows[i] (int64). Positions past the table's
+    reach are clamped onto its last block (never reached by a correct caller: the
+    table covers max_model_len + K positions)."""
+    block = (positions // block_size).clamp(max=block_table.shape[1] - 1)
+    return block_table.long()[rows, block] * block_size + positions % block_size
+
+
+def window_batch(lens: torch.Tensor, width: int, block_table: torch.Tensor, block_size: int, max_seq_len: int):
+    """R = width query tokens per request at positions lens[b] + 0 .. R - 1.
+    Returns (positions [B * R] int64, BatchMetadata). max_seq_len: a Python int bound
+    (the block table's reach), so every pass has one static shape."""
+    num_reqs = lens.shape[0]
+    device = lens.device
+    positions = lens[:, None] + torch.arange(width, device=device)[None, :]  # [B, R]
+    rows = torch.arange(num_reqs, device=device)[:, None].expand(num_reqs, width)
+    slots = slots_of(positions, rows, block_table, block_size)
+    metadata = BatchMetadata(
+        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * width,
+        seq_lens=(lens + width).to(torch.int32),
+        block_table=block_table,
+        slot_mapping=slots.reshape(-1),
+        max_query_len=width,
+        max_seq_len=max_seq_len,
+    )
+    return positions.reshape(-1), metadata
+
+
+def prompt_batch(prompts: list[torch.Tensor], block_table: torch.Tensor, block_size: int, max_seq_len: int):
+    """The prefill's packed layout of the prompts (built once, before any iteration).
+    Returns (token ids [T] int32, positions [T] int64, BatchMetadata, last row of each
+    prompt [B] int64)."""
+    device = block_table.device
+    lens = [int(p.shape[0]) for p in prompts]
+    ids = torch.cat([p.to(torch.int32) for p in prompts]).to(device)
+    positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(device)
+    rows = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).to(device)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    metadata = BatchMetadata(
+        query_start_loc=cu,
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        block_table=block_table,
+        slot_mapping=slots_of(positions, rows, block_table, block_size),
+        max_query_len=max(lens),
+        max_seq_len=max_seq_len,
+    )
+    return ids, positions, metadata, cu[1:].long() - 1
+
+
+def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests, first_positions: torch.Tensor):
+    """Rejection-sample one verify pass. logits [B, K + 1, V]; drafts [B, K] (None:
+    no drafts, logits [B, 1, V]: the target's own token); draft_probs [B, K, V] or
+    None (one-hot drafts); first_positions [B]: the position of row 0's token to
+    sample (the first draft's, or the one token's). Returns (tokens [B, K + 1] int32,
+    accepted counts [B] int32)."""
+    num_reqs = logits.shape[0]
+    if drafts is None:
+        # One dummy draft that is never read (zero drafts): row 0 emits, row 1 pads.
+        drafts = torch.full((num_reqs, 1), -1, dtype=torch.int32, device=logits.device)
+        num_drafts = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
+        logits = torch.cat([logits, torch.zeros_like(logits)], dim=1)
+    else:
+        num_drafts = torch.full((num_reqs,), drafts.shape[1], dtype=torch.int32, device=logits.device)
+    sampling = requests.sampling
+    return rejection_sample(
+        drafts.contiguous(),
+        num_drafts,
+        None if draft_probs is None else draft_probs.contiguous(),
+        logits.contiguous(),
+        sampling.temperature,
+        sampling.seeds,
+        first_positions.contiguous(),
+    )
