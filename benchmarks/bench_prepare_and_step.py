@@ -10,6 +10,7 @@ kernel at B <= 64, never slower than torch.compile(reference).
 import torch
 from harness import device_name, emit, empty_kernel_us, load_store_kernel_us, markdown_table, time_us
 
+import specdraft.ops.prepare_eagle as pe
 import specdraft.ops.prepare_inputs as pi
 
 # `specdraft.ops.step_metadata` names the function (re-exported by the package), so
@@ -62,7 +63,7 @@ def compiled(fn):
 COMPILED = {
     name: compiled(ref)
     for name, ref in (
-        ("prepare_eagle_input", pi.prepare_eagle_input_reference),
+        ("prepare_eagle_input", pe.prepare_eagle_input_reference),
         ("prepare_inputs_padded", pi.prepare_inputs_padded_reference),
         ("prepare_next_token_padded", pi.prepare_next_token_padded_reference),
         ("step_metadata", step_metadata_reference),
@@ -74,7 +75,7 @@ def runners(name: str, t: dict) -> dict:
     """(triton op, eager reference, compiled reference) thunks for one op."""
     if name == "prepare_eagle_input":
         args = (t["query_start_loc"], t["num_rejected_tokens"], t["num_kept"])
-        op, ref = pi.prepare_eagle_input, pi.prepare_eagle_input_reference
+        op, ref = pe.prepare_eagle_input, pe.prepare_eagle_input_reference
     elif name == "prepare_inputs_padded":
         args = (t["cu_num_draft_tokens"], t["valid_sampled_tokens_count"], t["query_start_loc"])
         op, ref = pi.prepare_inputs_padded, pi.prepare_inputs_padded_reference

@@ -19,8 +19,8 @@ import torch
 from harness import copy_bandwidth_gbs, device_name, emit, empty_kernel_us, gbs, markdown_table, time_us
 
 from specdraft.ops import draft_sample, rejection_sample
-from specdraft.ops.draft_sample import draft_sample_reference, draft_sample_store_reference
-from specdraft.ops.rejection_sample import rejection_sample_reference
+from specdraft.ops.sampling.draft import draft_sample_reference, draft_sample_store_reference
+from specdraft.ops.sampling.rejection import rejection_sample_reference
 
 # One compiled function per reference for all sizes: automatic dynamic shapes
 # recompile once after the first new size instead of once per (V, B).
@@ -96,7 +96,7 @@ def bench_rejection(copy_gbs: float) -> str:
 def sweep_draft_tiles(copy_gbs: float) -> str:
     """draft_sample's tile shape at V = 152k, B = 256: tokens per program (CHUNK_V),
     per loop iteration (DRAFT_BLOCK_V) and warps; the module defaults are the first row."""
-    ds = importlib.import_module("specdraft.ops.draft_sample")  # the package re-exports a function by that name
+    ds = importlib.import_module("specdraft.ops.sampling.draft")  # the module whose launcher reads these tiles
     defaults = (ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS)
     configs = [defaults, (8192, 2048, 8), (16384, 2048, 8), (16384, 1024, 4), (8192, 512, 4)]
     rows = []

@@ -1,5 +1,6 @@
-"""prepare_eagle_input / prepare_inputs_padded / prepare_next_token_padded against a
-plain-Python spec, plus their invariants.
+"""prepare_inputs_padded / prepare_next_token_padded against a plain-Python spec
+(specs/prepare_inputs.py), plus their invariants and the padded pipeline against the
+unpadded one (prepare_eagle_input).
 
 `kernel` tests run in every lane (CPU reference, interpreter kernel, GPU kernel);
 `interpreter` tests compare the kernel with the reference bit for bit.
@@ -11,117 +12,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
-from specdraft.ops.prepare_inputs import (
-    prepare_eagle_input_reference,
-    prepare_inputs_padded_reference,
-    prepare_next_token_padded_reference,
-)
-from specdraft.testing import (
-    RejectionLayout,
-    SampledLayout,
-    check_rejection_values,
-    rejection_layouts,
-    sampled_layouts,
-)
+from specdraft.ops.prepare_inputs import prepare_inputs_padded_reference, prepare_next_token_padded_reference
+from specdraft.testing import SampledLayout, check_rejection_values, rejection_layouts, sampled_layouts
 
-# ----------------------------------------------------------------- the spec (loops)
-
-
-def spec_prepare_eagle_input(qsl, rejected, num_tokens):
-    cu_new, indices = [0], []
-    for b in range(len(rejected)):
-        kept = qsl[b + 1] - qsl[b] - rejected[b]
-        indices += list(range(qsl[b], qsl[b] + kept))
-        cu_new.append(cu_new[-1] + kept)
-    return cu_new, (indices + [0] * num_tokens)[:num_tokens]
-
-
-def spec_prepare_inputs_padded(cu_drafts, valid, qsl):
-    samples, rejected = [], []
-    for b in range(len(cu_drafts)):
-        drafts = cu_drafts[b] - (cu_drafts[b - 1] if b else 0)
-        rej = drafts + 1 - valid[b] if drafts > 0 else 0
-        samples.append(qsl[b + 1] - 1 - rej)
-        rejected.append(rej)
-    return samples, rejected
-
-
-def spec_next_token(layout: SampledLayout):
-    next_ids, counts = [], []
-    for row, discard, backup in zip(layout.sampled_token_ids, layout.discard, layout.backup, strict=True):
-        valid = [t for t in row if 0 <= t < layout.vocab_size] if not discard else []
-        next_ids.append(valid[-1] if valid else backup)
-        counts.append(len(valid))
-    return next_ids, counts
-
-
-# Past one scan block (256 requests) and one token block (32 rows).
-MANY_REQUESTS = RejectionLayout(
-    query_lens=[(b % 5) + 1 if b % 7 else 40 for b in range(300)],
-    num_draft_tokens=[(b % 5) if b % 7 else 0 for b in range(300)],
-    valid_counts=[((b * 3) % ((b % 5) + 1)) + 1 if b % 7 else 1 for b in range(300)],
-)
-
-
-# K+1 = 21 > one 16-column chunk of the kernel: the last valid id in either chunk.
-WIDE_ROWS = SampledLayout(
-    [[5] * 20 + [-1], [5] * 3 + [-1] * 18, [-1] * 16 + [7, 99, 8, -1, -1], [-1] * 21],
-    [False] * 4,
-    [1, 2, 3, 4],
-    50,
-)
-
-# -------------------------------------------------------------- prepare_eagle_input
-
-
-@pytest.mark.kernel
-@given(
-    layout=rejection_layouts(),
-    extra=st.one_of(st.just(0), st.integers(0, 70)),
-    index_dtype=st.sampled_from([torch.int32, torch.int64]),
-)
-@example(layout=MANY_REQUESTS, extra=3, index_dtype=torch.int32)
-def test_prepare_eagle_input_matches_spec(device, layout, extra, index_dtype):
-    meta = layout.tensors(device, index_dtype)
-    inputs = {k: v.clone() for k, v in meta.items()}
-    num_tokens = layout.num_kept_tokens + extra
-    out = prepare_eagle_input(meta["query_start_loc"], meta["num_rejected_tokens"], num_tokens)
-
-    want_cu, want_idx = spec_prepare_eagle_input(layout.query_start_loc, layout.num_rejected_tokens, num_tokens)
-    assert out.cu_num_tokens.tolist() == want_cu
-    assert out.token_indices.tolist() == want_idx
-    assert out.cu_num_tokens.dtype == out.token_indices.dtype == index_dtype
-    for k, v in inputs.items():
-        assert torch.equal(meta[k], v), f"{k} must not be modified"
-
-
-@pytest.mark.kernel
-@given(layout=rejection_layouts())
-@example(layout=MANY_REQUESTS)
-def test_prepare_eagle_input_invariants(device, layout):
-    """Stated directly: runs sum to the output size, each run is its request's window
-    prefix of kept length, in order."""
-    meta = layout.tensors(device)
-    total = layout.num_kept_tokens
-    cu, idx = prepare_eagle_input(meta["query_start_loc"], meta["num_rejected_tokens"], total)
-    cu, idx, qsl = cu.tolist(), idx.tolist(), layout.query_start_loc
-    assert cu[-1] == len(idx) == total
-    for b in range(layout.num_reqs):
-        run = idx[cu[b] : cu[b + 1]]
-        assert len(run) == layout.query_lens[b] - layout.num_rejected_tokens[b]
-        assert all(qsl[b] <= i < qsl[b + 1] for i in run), "index outside its request's window"
-        assert run == sorted(set(run)) and (not run or run[0] == qsl[b])
-
-
-@pytest.mark.kernel
-def test_prepare_eagle_input_empty_batch_and_zero_rows(device):
-    out = prepare_eagle_input(torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(0, dtype=torch.int32,
-                              device=device), 5)  # fmt: skip
-    assert out.cu_num_tokens.tolist() == [0] and out.token_indices.tolist() == [0] * 5
-    qsl = torch.tensor([0, 2, 4], dtype=torch.int32, device=device)
-    out = prepare_eagle_input(qsl, torch.tensor([2, 2], dtype=torch.int32, device=device), 0)
-    assert out.cu_num_tokens.tolist() == [0, 0, 0] and out.token_indices.shape == (0,)
-
+from specs.prepare_inputs import MANY_REQUESTS, WIDE_ROWS, spec_next_token, spec_prepare_inputs_padded
 
 # ------------------------------------------------------------- prepare_inputs_padded
 
@@ -223,11 +117,6 @@ def _i(values, dtype=torch.int32):
 @pytest.mark.parametrize(
     "call, argument",
     [
-        (lambda: prepare_eagle_input(_i([0, 2]).float(), _i([0]), 2), "cu_target_query_lens"),
-        (lambda: prepare_eagle_input(_i([0, 2]), _i([0, 0]), 2), "num_rejected_tokens"),
-        (lambda: prepare_eagle_input(_i([0, 2]), _i([0]), -1), "num_tokens"),
-        (lambda: prepare_eagle_input(_i([0, 2]), _i([0]), 2.0), "num_tokens"),
-        (lambda: prepare_eagle_input(_i([]), _i([]), 2), "cu_target_query_lens"),
         (lambda: prepare_inputs_padded(_i([1]), _i([1]), _i([[0, 2]])), "query_start_loc"),
         (lambda: prepare_inputs_padded(_i([1, 2]), _i([1]), _i([0, 2])), "cu_num_draft_tokens"),
         (lambda: prepare_inputs_padded(_i([1]), _i([1]).bool(), _i([0, 2])), "valid_sampled_tokens_count"),
@@ -256,13 +145,10 @@ def assert_bitwise(actual, expected):
 
 
 @pytest.mark.interpreter
-@given(layout=rejection_layouts(max_requests=40), extra=st.integers(0, 70))
-@example(layout=MANY_REQUESTS, extra=130)
-def test_interpreted_prepare_kernels_equal_reference(layout, extra):
+@given(layout=rejection_layouts(max_requests=40))
+@example(layout=MANY_REQUESTS)
+def test_interpreted_padded_kernel_equals_reference(layout):
     meta = layout.tensors("cpu")
-    args = (meta["query_start_loc"], meta["num_rejected_tokens"], layout.num_kept_tokens + extra)
-    for got, want in zip(prepare_eagle_input(*args), prepare_eagle_input_reference(*args), strict=True):
-        assert_bitwise(got, want)
     args = (meta["cu_num_draft_tokens"], meta["valid_sampled_tokens_count"], meta["query_start_loc"])
     for got, want in zip(prepare_inputs_padded(*args), prepare_inputs_padded_reference(*args), strict=True):
         assert_bitwise(got, want)

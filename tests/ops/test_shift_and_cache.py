@@ -1,4 +1,4 @@
-"""shift_plan / shift_and_cache_{1d,hidden} against a plain-Python spec.
+"""shift_and_cache_{1d,hidden} against a plain-Python spec (specs/shift_and_cache.py).
 
 Tests marked `kernel` run in every lane: on CPU they check the reference, under
 TRITON_INTERPRET=1 the Triton kernel (the op routes CPU tensors to it there), with
@@ -11,56 +11,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden, shift_plan
-from specdraft.ops.shift_and_cache import (
-    shift_and_cache_1d_reference,
-    shift_and_cache_hidden_reference,
-    shift_plan_reference,
-)
+from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden
+from specdraft.ops.shift_and_cache import shift_and_cache_1d_reference, shift_and_cache_hidden_reference
 from specdraft.testing import ShiftLayout, check_shift_and_cache_values, shift_layouts
 
+from specs.shift_and_cache import LONG_WINDOWS, spec_shift_and_cache
+
 SENTINEL = -777
-
-
-# ----------------------------------------------------------------- the spec (loops)
-
-
-def spec_shift_and_cache(src, dst, cache, layout: ShiftLayout, zero):
-    """vLLM's semantics, one token at a time: dst from the cache prefix and the
-    shifted src; then the cache from the *written dst rows* ending at the sample.
-    src/dst: lists indexed by token; cache: list per request of MAX_SHIFT entries."""
-    dst, cache = list(dst), [list(c) for c in cache]
-    qsl, m = layout.query_start_loc, layout.max_shift
-    for b in range(layout.num_reqs):
-        start, stop = qsl[b], qsl[b + 1]
-        s, cached = layout.shift[b], layout.cached_lens[b]
-        for i in range(stop - start):
-            dst[start + i] = cache[b][cached - s + i] if i < s else src[start + i - s]
-    for b in range(layout.num_reqs):
-        sample = layout.token_indices_to_sample[b]
-        store_start = max(qsl[b], sample + 1 - m)
-        n = min(max(sample - store_start + 1, 0), m)
-        cache[b] = [dst[store_start + j] for j in range(n)] + [zero] * (m - n)
-    return dst, cache
-
-
-def spec_shift_plan(layout: ShiftLayout):
-    qsl, m, positions = layout.query_start_loc, layout.max_shift, layout.positions()
-    out = {"shift": [], "token_indices_to_sample": [], "seq_lens": [], "cached_lens": []}
-    for b in range(layout.num_reqs):
-        start, stop = qsl[b], qsl[b + 1]
-        first_pos = positions[start] if stop > start else 0
-        s = min(
-            max(min(stop - 1 - layout.token_indices_to_sample[b], first_pos), 0),
-            layout.cached_lens[b],
-        )
-        sample = layout.token_indices_to_sample[b] + s
-        store_start = max(start, sample + 1 - m)
-        out["shift"].append(s)
-        out["token_indices_to_sample"].append(sample)
-        out["seq_lens"].append(layout.seq_lens[b] - s)
-        out["cached_lens"].append(min(max(sample - store_start + 1, 0), m))
-    return out
 
 
 # -------------------------------------------------------------------------- helpers
@@ -101,19 +58,6 @@ def run_hidden(layout, src, dst, cache, device):
 
 def assert_bitwise(actual, expected):
     torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=0, atol=0, equal_nan=True)
-
-
-# Three token blocks of the hidden kernel and of the 1-D kernel, cache prefix included.
-LONG_WINDOWS = ShiftLayout(
-    query_start_loc=[0, 1, 651, 652, 652],
-    num_tokens=655,
-    max_shift=5,
-    cached_lens=[5, 4, 1, 0],
-    shift=[1, 4, 1, 0],
-    token_indices_to_sample=[0, 648, 651, 651],
-    first_positions=[7, 100, 3, 0],
-    seq_lens=[8, 750, 4, 0],
-)
 
 
 # --------------------------------------------------------------------- spec tests
@@ -171,31 +115,6 @@ def test_hidden_matches_spec(device, layout, hidden, dtype, seed):
     if layout.num_reqs:
         assert_bitwise(cache, torch.stack([torch.stack(c) for c in want_cache]))
     assert_bitwise(src, src_in)
-
-
-@pytest.mark.kernel
-@given(
-    layout=shift_layouts(),
-    mrope=st.booleans(),
-    index_dtype=st.sampled_from([torch.int32, torch.int64]),
-)
-@example(layout=LONG_WINDOWS, mrope=True, index_dtype=torch.int32)
-def test_shift_plan_matches_spec(device, layout, mrope, index_dtype):
-    meta = layout.tensors(device, index_dtype)
-    positions = meta["positions"]
-    if mrope:  # rows 1, 2 differ from row 0: only row 0 may decide the shift
-        positions = torch.stack([positions, positions * 0 + 3, positions + 11])
-    inputs = {k: meta[k].clone() for k in ("query_start_loc", "token_indices_to_sample", "seq_lens", "cached_lens")}
-    plan = shift_plan(
-        meta["query_start_loc"], positions, meta["token_indices_to_sample"], meta["seq_lens"],
-        meta["cached_lens"], layout.max_shift,
-    )  # fmt: skip
-    want = spec_shift_plan(layout)
-    for name, got in plan._asdict().items():
-        assert got.tolist() == want[name], name
-        assert got.dtype == (meta[name].dtype if name != "shift" else index_dtype)
-    for name, tensor in inputs.items():
-        assert torch.equal(meta[name], tensor), f"{name} must not be modified"
 
 
 # ---------------------------------------------------------------- the invariants
@@ -294,16 +213,6 @@ def test_interpreted_hidden_kernel_equals_reference(layout, hidden, seed):
     shift_and_cache_hidden_reference(src, ref_dst, ref_cache, *args)
     assert_bitwise(dst, ref_dst)
     assert_bitwise(cache, ref_cache)
-
-
-@pytest.mark.interpreter
-@given(layout=shift_layouts(), seed=st.integers(0, 2**16))
-def test_interpreted_plan_kernel_equals_reference(layout, seed):
-    meta = layout.tensors("cpu")
-    args = (meta["query_start_loc"], meta["positions"], meta["token_indices_to_sample"], meta["seq_lens"],
-            meta["cached_lens"], layout.max_shift)  # fmt: skip
-    for got, want in zip(shift_plan(*args), shift_plan_reference(*args), strict=True):
-        assert_bitwise(got, want)
 
 
 # -------------------------------------------------------- the opt-in value checker

@@ -4,7 +4,7 @@ raised from shapes/dtypes alone, before any launch (dst stays untouched)."""
 import pytest
 import torch
 
-from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden, shift_plan
+from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden
 
 
 def good_1d(b=2, t=6, m=3):
@@ -94,27 +94,3 @@ def test_meta_device_mismatch_names_the_argument():
     args["shift"] = args["shift"].to("meta")
     with pytest.raises(ValueError, match="shift"):
         shift_and_cache_1d(**args)
-
-
-@pytest.mark.parametrize(
-    "kwargs, argument",
-    [
-        ({"max_shift": 0}, "max_shift"),
-        ({"max_shift": 9}, "max_shift"),
-        ({"positions": torch.zeros(2, 3, 6, dtype=torch.int64)}, "positions"),
-        ({"positions": torch.zeros(6)}, "positions"),
-        ({"seq_lens": torch.zeros(3, dtype=torch.int32)}, "seq_lens"),
-    ],
-)
-def test_plan_bad_input_names_the_argument(kwargs, argument):
-    args = {
-        "query_start_loc": torch.tensor([0, 2, 5], dtype=torch.int32),
-        "positions": torch.arange(6),
-        "token_indices_to_sample": None,
-        "seq_lens": torch.tensor([4, 9], dtype=torch.int32),
-        "cached_lens": torch.tensor([0, 2], dtype=torch.int32),
-        "max_shift": 3,
-    }
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=argument):
-        shift_plan(**args)

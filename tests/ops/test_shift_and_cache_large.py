@@ -9,9 +9,8 @@ from specdraft.ops.shift_and_cache import (
     shift_and_cache_1d_reference,
     shift_and_cache_hidden,
     shift_and_cache_hidden_reference,
-    shift_plan,
-    shift_plan_reference,
 )
+from specdraft.ops.shift_plan import shift_plan, shift_plan_reference
 
 # The Triton kernel against the reference on CUDA tensors; on CPU the op *is* the reference.
 pytestmark = pytest.mark.cuda

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdraft.config import SpeculativeConfig
-from specdraft.ops.draft_sample import draft_sample_reference
+from specdraft.ops.sampling import draft_sample_reference
 from specdraft.proposers import EagleProposer
 from specdraft.testing.proposers import make_draft_batch
 

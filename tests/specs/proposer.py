@@ -7,7 +7,7 @@ metadata, no batching."""
 import torch
 
 from specdraft.layout import BatchMetadata
-from specdraft.ops.draft_sample import draft_sample_reference
+from specdraft.ops.sampling import draft_sample_reference
 
 
 def run_sequence(model, input_ids, positions, hidden_states, spec_step_idx):

@@ -18,7 +18,7 @@ same oracle as a single-group one.
 import torch
 
 from specdraft.layout import BatchMetadata
-from specdraft.ops.draft_sample import draft_sample_reference
+from specdraft.ops.sampling import draft_sample_reference
 
 BLOCK = 8
 

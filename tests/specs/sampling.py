@@ -1,5 +1,5 @@
 """Plain-Python oracles for the sampling tests: the counter-based hash on Python
-ints (as documented in ops/_noise.py), draft sampling and rejection sampling
+ints (as documented in ops/sampling/noise.py), draft sampling and rejection sampling
 one request at a time in float64, and chi-square / normal thresholds for the
 statistical tests (no scipy: closed forms, inverted by bisection)."""
 

@@ -1,27 +1,16 @@
 """specdraft.ops: the kernel layer. Each op is a `torch.library.triton_op` in the
 `specdraft` namespace: CUDA tensors run its Triton kernel, CPU tensors its pure-torch
-reference. This package imports torch and triton only."""
+reference. This package imports torch, triton and the bottom layer (specdraft.checks,
+specdraft.layout) only."""
 
 from .backend import HAS_TRITON
 from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
-from .draft_sample import draft_sample, noise_uniform
 from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
-from .prepare_inputs import (
-    EagleInputs,
-    NextTokens,
-    PaddedInputs,
-    prepare_eagle_input,
-    prepare_inputs_padded,
-    prepare_next_token_padded,
-)
-from .rejection_sample import rejection_sample
-from .shift_and_cache import (
-    MAX_SHIFT_LIMIT,
-    ShiftPlan,
-    shift_and_cache_1d,
-    shift_and_cache_hidden,
-    shift_plan,
-)
+from .prepare_eagle import EagleInputs, prepare_eagle_input
+from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
+from .sampling import draft_sample, noise_uniform, rejection_sample
+from .shift_and_cache import MAX_SHIFT_LIMIT, shift_and_cache_1d, shift_and_cache_hidden
+from .shift_plan import ShiftPlan, shift_plan
 from .step_metadata import PADDING_SLOT_ID, step_metadata
 
 __all__ = [
@@ -31,7 +20,7 @@ __all__ = [
     "shift_and_cache_1d",
     "shift_and_cache_hidden",
     "shift_plan",
-    # prepare_inputs, step_metadata
+    # prepare_eagle, prepare_inputs, step_metadata
     "EagleInputs",
     "NextTokens",
     "PaddedInputs",

@@ -1,5 +1,5 @@
 """Copy and expand the target model's inputs into the drafting layout for parallel
-drafting (reference 001, `copy_and_expand_eagle_inputs_kernel`).
+drafting (vLLM's `copy_and_expand_eagle_inputs_kernel`).
 
 Request r owns input tokens [start, stop) = [query_start_loc[r], query_start_loc[r+1]),
 of which the last `num_rejected_tokens[r]` were rejected drafts. With P =
@@ -35,15 +35,7 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import (
-    INDEX_DTYPES,
-    check_contiguous,
-    check_dtype,
-    check_int_range,
-    check_rank,
-    check_same_device,
-    check_shape,
-)
+from specdraft.checks import INDEX_DTYPES, at_least, check_bool, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
@@ -278,10 +270,6 @@ def _copy_and_expand_op(
 # ---------------------------------------------------------------- public wrapper
 
 
-def _check_token_id(name: str, value: int) -> None:
-    check_int_range(name, value, INT32_MIN, INT32_MAX)
-
-
 def copy_and_expand_inputs(
     target_token_ids: torch.Tensor,
     target_positions: torch.Tensor,
@@ -327,42 +315,29 @@ def copy_and_expand_inputs(
         T_in of the T_out rows; the P - shift slots per request it leaves out are
         the caller's to initialise.
     """
-    check_dtype("target_token_ids", target_token_ids, INDEX_DTYPES)
-    check_rank("target_token_ids", target_token_ids, 1)
-    check_contiguous("target_token_ids", target_token_ids)
+    check_tensor_arg("target_token_ids", target_token_ids, INDEX_DTYPES, rank=1, contiguous=True)
     num_in = target_token_ids.shape[0]
-    check_dtype("target_positions", target_positions, INDEX_DTYPES)
-    check_shape("target_positions", target_positions, (num_in,))
-    check_contiguous("target_positions", target_positions)
-    check_dtype("query_start_loc", query_start_loc, INDEX_DTYPES)
-    check_rank("query_start_loc", query_start_loc, 1)
-    check_contiguous("query_start_loc", query_start_loc)
-    if query_start_loc.shape[0] < 1:
-        raise ValueError("query_start_loc must have B + 1 >= 1 entries")
+    check_tensor_arg(
+        "target_positions", target_positions, INDEX_DTYPES, shape=(num_in,), contiguous=True, device_of=target_token_ids
+    )
+    check_tensor_arg(
+        "query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),), contiguous=True,
+        device_of=target_token_ids,
+    )  # fmt: skip
     num_reqs = query_start_loc.shape[0] - 1
-    check_dtype("next_token_ids", next_token_ids, INDEX_DTYPES)
-    check_shape("next_token_ids", next_token_ids, (num_reqs,))
-    check_contiguous("next_token_ids", next_token_ids)
-    tensors = {
-        "target_token_ids": target_token_ids,
-        "target_positions": target_positions,
-        "next_token_ids": next_token_ids,
-        "query_start_loc": query_start_loc,
-    }
-    if num_rejected_tokens is not None:
-        check_dtype("num_rejected_tokens", num_rejected_tokens, INDEX_DTYPES)
-        check_shape("num_rejected_tokens", num_rejected_tokens, (num_reqs,))
-        check_contiguous("num_rejected_tokens", num_rejected_tokens)
-        tensors["num_rejected_tokens"] = num_rejected_tokens
+    check_tensor_arg(
+        "next_token_ids", next_token_ids, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=target_token_ids
+    )
+    check_tensor_arg(
+        "num_rejected_tokens", num_rejected_tokens, INDEX_DTYPES, shape=(num_reqs,), contiguous=True,
+        device_of=target_token_ids, optional=True,
+    )  # fmt: skip
     check_int_range("num_padding_slots_per_request", num_padding_slots_per_request, 1, MAX_NEW_SLOTS)
-    _check_token_id("parallel_drafting_token_id", parallel_drafting_token_id)
-    _check_token_id("padding_token_id", padding_token_id)
-    if not isinstance(shift_input_ids, bool):
-        raise ValueError(f"shift_input_ids must be a bool, got {type(shift_input_ids).__name__}")
-    if max_query_len is None:
-        max_query_len = num_in
+    check_int_range("parallel_drafting_token_id", parallel_drafting_token_id, INT32_MIN, INT32_MAX)
+    check_int_range("padding_token_id", padding_token_id, INT32_MIN, INT32_MAX)
+    check_bool("shift_input_ids", shift_input_ids)
+    max_query_len = num_in if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
-    check_same_device(tensors)
     return ExpandedInputs(
         *_copy_and_expand_op(
             target_token_ids,

@@ -1,5 +1,5 @@
-"""Attention metadata for parallel drafting (reference 001: `extend_all_queries_by_N`
-and the slot mapping its caller computes for the expanded layout).
+"""Attention metadata for parallel drafting (vLLM's `extend_all_queries_by_N` and
+the slot mapping its caller computes for the expanded layout).
 
 - `extend_queries_by_n`: every request's query grows by N tokens, so
   query_start_loc[i] += N * i, seq_lens += N, and the host-side bounds
@@ -20,15 +20,7 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import (
-    INDEX_DTYPES,
-    check_contiguous,
-    check_dtype,
-    check_int_range,
-    check_rank,
-    check_same_device,
-    check_shape,
-)
+from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID, window_of
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
@@ -199,15 +191,6 @@ def _extend_queries_by_n_op(
 # ---------------------------------------------------------------- public wrappers
 
 
-def _check_query_start_loc(query_start_loc: torch.Tensor) -> int:
-    check_dtype("query_start_loc", query_start_loc, INDEX_DTYPES)
-    check_rank("query_start_loc", query_start_loc, 1)
-    check_contiguous("query_start_loc", query_start_loc)
-    if query_start_loc.shape[0] < 1:
-        raise ValueError("query_start_loc must have B + 1 >= 1 entries")
-    return query_start_loc.shape[0] - 1
-
-
 def new_slot_mapping(
     positions: torch.Tensor,
     is_rejected_token_mask: torch.Tensor | None,
@@ -231,31 +214,22 @@ def new_slot_mapping(
     query_start_loc[-1]. max_query_len: Python-int hint of the longest expanded
     window, sizes the grid only (default T); results never depend on it.
     """
-    check_dtype("positions", positions, INDEX_DTYPES)
-    check_rank("positions", positions, 1)
-    check_contiguous("positions", positions)
+    check_tensor_arg("positions", positions, INDEX_DTYPES, rank=1, contiguous=True)
     num_tokens = positions.shape[0]
-    num_reqs = _check_query_start_loc(query_start_loc)
-    tensors = {"positions": positions, "query_start_loc": query_start_loc, "block_table": block_table}
-    if is_rejected_token_mask is not None:
-        check_dtype("is_rejected_token_mask", is_rejected_token_mask, (torch.bool,))
-        check_shape("is_rejected_token_mask", is_rejected_token_mask, (num_tokens,))
-        check_contiguous("is_rejected_token_mask", is_rejected_token_mask)
-        tensors["is_rejected_token_mask"] = is_rejected_token_mask
-    check_dtype("block_table", block_table, INDEX_DTYPES)
-    check_rank("block_table", block_table, 2)
-    if block_table.shape[0] != num_reqs:
-        raise ValueError(
-            f"block_table must have one row per request ({num_reqs}), got shape {tuple(block_table.shape)}"
-        )
-    if block_table.shape[1] < 1:
-        raise ValueError(f"block_table must have at least one column, got shape {tuple(block_table.shape)}")
+    check_tensor_arg(
+        "is_rejected_token_mask", is_rejected_token_mask, torch.bool, shape=(num_tokens,), contiguous=True,
+        device_of=positions, optional=True,
+    )  # fmt: skip
+    check_tensor_arg(
+        "query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),), contiguous=True,
+        device_of=positions,
+    )  # fmt: skip
+    num_reqs = query_start_loc.shape[0] - 1
+    check_tensor_arg("block_table", block_table, INDEX_DTYPES, shape=(num_reqs, at_least(1, "W")), device_of=positions)
     check_int_range("block_size", block_size, 1)
     check_int_range("max_model_len", max_model_len, 1)
-    if max_query_len is None:
-        max_query_len = num_tokens
+    max_query_len = num_tokens if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
-    check_same_device(tensors)
     return _new_slot_mapping_op(
         positions, is_rejected_token_mask, query_start_loc, block_table, block_size, max_model_len, max_query_len
     )
@@ -275,15 +249,12 @@ def extend_queries_by_n(
     max_query_len / max_seq_len (Python ints, or None) -> + n. The token count of
     the extended batch is T + B * n, known from shapes.
     """
-    num_reqs = _check_query_start_loc(query_start_loc)
-    check_dtype("seq_lens", seq_lens, INDEX_DTYPES)
-    check_shape("seq_lens", seq_lens, (num_reqs,))
-    check_contiguous("seq_lens", seq_lens)
+    check_tensor_arg("query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),), contiguous=True)
+    num_reqs = query_start_loc.shape[0] - 1
+    check_tensor_arg("seq_lens", seq_lens, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=query_start_loc)
     check_int_range("n", n, 0)
-    for name, bound in (("max_query_len", max_query_len), ("max_seq_len", max_seq_len)):
-        if bound is not None:
-            check_int_range(name, bound, 0)
-    check_same_device({"query_start_loc": query_start_loc, "seq_lens": seq_lens})
+    check_int_range("max_query_len", max_query_len, 0, optional=True)
+    check_int_range("max_seq_len", max_seq_len, 0, optional=True)
     new_query_start_loc, new_seq_lens = _extend_queries_by_n_op(query_start_loc, seq_lens, n)
     return ExtendedQueries(
         new_query_start_loc,

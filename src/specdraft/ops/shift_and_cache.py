@@ -1,4 +1,6 @@
-"""Multi-layer EAGLE input shift (reference 000, `adjust_input`).
+"""The multi-layer EAGLE input shift, applied to token ids, positions, slot
+mappings (`shift_and_cache_1d`) and hidden states (`shift_and_cache_hidden`); the
+per-request shift comes from `shift_plan` (shift_plan.py).
 
 Each request owns a window [start, stop) of the packed token axis. Before a
 multi-layer draft pass the window is right-shifted by `shift` tokens; the vacated
@@ -10,12 +12,6 @@ sample:
     dst[start + i] = src[start + i - shift]          otherwise
     cache[m]       = dst[store_start + m]            for m < store_len, else 0
 
-Three ops:
-- `shift_plan`: the per-request shift, the moved sample index, the shortened
-  seq_lens and the new cached length (elementwise over requests).
-- `shift_and_cache_1d`: token ids, positions (1-D or M-RoPE [3, T]), slot mappings.
-- `shift_and_cache_hidden`: hidden states [T, H].
-
 Race-freedom. vLLM's kernel refreshes the cache in the same launch that reads it,
 from `dst` rows other programs write, and every token block of a request writes
 the cache another block may still be reading: wrong as soon as a window spans two
@@ -25,29 +21,15 @@ writes that request's cache, with a barrier between its reads and its writes. No
 program reads what another program writes, at any window length.
 """
 
-from typing import NamedTuple
-
 import torch
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_contiguous,
-    check_distinct,
-    check_dtype,
-    check_int_range,
-    check_rank,
-    check_same_device,
-    check_same_dtype,
-    check_shape,
-    same_size,
-)
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, between, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
-MAX_SHIFT_LIMIT = 8
+MAX_SHIFT_LIMIT = 8  # the widest per-request cache (max_shift)
 
 # 1-D arrays: one program copies a run of tokens of one row of one request.
 BLOCK_TOKENS_1D = 256
@@ -56,55 +38,9 @@ BLOCK_TOKENS_1D = 256
 BLOCK_TOKENS_HIDDEN = 32
 BLOCK_HIDDEN = 256
 NUM_WARPS_HIDDEN = 4
-BLOCK_REQS = 256
-
-
-class ShiftPlan(NamedTuple):
-    shift: torch.Tensor  # [B], how far each window moves right
-    token_indices_to_sample: torch.Tensor  # [B], moved by shift
-    seq_lens: torch.Tensor  # [B], shortened by shift
-    cached_lens: torch.Tensor  # [B], cache length after the refresh
 
 
 # --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _shift_plan_kernel(
-    query_start_loc_ptr,
-    positions_ptr,
-    sample_ptr,
-    seq_lens_ptr,
-    cached_lens_ptr,
-    shift_out_ptr,
-    sample_out_ptr,
-    seq_lens_out_ptr,
-    cached_lens_out_ptr,
-    num_reqs,
-    num_tokens,
-    MAX_SHIFT: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    req = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = req < num_reqs
-    start = tl.load(query_start_loc_ptr + req, mask=mask, other=0).to(tl.int64)
-    stop = tl.load(query_start_loc_ptr + req + 1, mask=mask, other=0).to(tl.int64)
-    sample = tl.load(sample_ptr + req, mask=mask, other=0).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + req, mask=mask, other=0).to(tl.int64)
-    cached_len = tl.load(cached_lens_ptr + req, mask=mask, other=0).to(tl.int64)
-    # An empty window has no first token; its position reads as 0 (no shift).
-    first_pos = tl.load(positions_ptr + start, mask=mask & (start < num_tokens), other=0)
-
-    shift = tl.minimum(stop - 1 - sample, first_pos.to(tl.int64))
-    shift = tl.minimum(tl.maximum(shift, 0), cached_len)
-    sample = sample + shift
-    store_start = tl.maximum(start, sample + 1 - MAX_SHIFT)
-    store_len = tl.minimum(tl.maximum(sample - store_start + 1, 0), MAX_SHIFT)
-
-    tl.store(shift_out_ptr + req, shift, mask=mask)
-    tl.store(sample_out_ptr + req, sample, mask=mask)
-    tl.store(seq_lens_out_ptr + req, seq_len - shift, mask=mask)
-    tl.store(cached_lens_out_ptr + req, store_len, mask=mask)
 
 
 @triton.jit
@@ -175,18 +111,7 @@ def _shift_and_cache_1d_kernel(
 
 @triton.jit
 def _shifted_hidden(
-    src_ptr,
-    cache_req,
-    cols,
-    col_mask,
-    start,
-    i,
-    shift,
-    cached_len,
-    num_tokens,
-    hidden,
-    mask,
-    MAX_SHIFT,
+    src_ptr, cache_req, cols, col_mask, start, i, shift, cached_len, num_tokens, hidden, mask, MAX_SHIFT
 ):
     from_cache = i < shift
     cache_idx = cached_len - shift + i
@@ -233,11 +158,7 @@ def _shift_and_cache_hidden_kernel(
         src_ptr, cache_req, cols, col_mask, start, i, shift, cached_len, num_tokens, hidden,
         in_window, MAX_SHIFT,
     )  # fmt: skip
-    tl.store(
-        dst_ptr + tok[:, None] * hidden + cols[None, :],
-        values,
-        mask=in_window[:, None] & col_mask[None, :],
-    )
+    tl.store(dst_ptr + tok[:, None] * hidden + cols[None, :], values, mask=in_window[:, None] & col_mask[None, :])
 
     if blk == 0:
         sample = tl.load(sample_ptr + req).to(tl.int64)
@@ -253,37 +174,6 @@ def _shift_and_cache_hidden_kernel(
 
 
 # ------------------------------------------------------------------------ references
-
-
-def shift_plan_reference(
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    token_indices_to_sample: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cached_lens: torch.Tensor,
-    max_shift: int,
-) -> ShiftPlan:
-    first_row = positions[0] if positions.dim() == 2 else positions
-    start = query_start_loc[:-1].long()
-    stop = query_start_loc[1:].long()
-    sample = token_indices_to_sample.long()
-    num_tokens = first_row.shape[0]
-    if num_tokens == 0:
-        first_pos = torch.zeros_like(start)
-    else:
-        gathered = first_row[start.clamp(max=num_tokens - 1)].long()
-        first_pos = torch.where(start < num_tokens, gathered, 0)
-    shift = torch.minimum(stop - 1 - sample, first_pos).clamp(min=0)
-    shift = torch.minimum(shift, cached_lens.long())
-    sample = sample + shift
-    store_start = torch.maximum(start, sample + 1 - max_shift)
-    store_len = (sample - store_start + 1).clamp(0, max_shift)
-    return ShiftPlan(
-        shift.to(token_indices_to_sample.dtype),
-        sample.to(token_indices_to_sample.dtype),
-        (seq_lens.long() - shift).to(seq_lens.dtype),
-        store_len.to(cached_lens.dtype),
-    )
 
 
 def _shifted_rows(src, cache, start, rel, shift, cached_len, mask):
@@ -371,41 +261,6 @@ def shift_and_cache_hidden_reference(src, dst, cache, query_start_loc, token_ind
 # -------------------------------------------------------------------------- the ops
 
 
-@triton_op(f"{NAMESPACE}::shift_plan", mutates_args=())
-def _shift_plan_op(
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    token_indices_to_sample: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cached_lens: torch.Tensor,
-    max_shift: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if not use_triton(query_start_loc):
-        return tuple(
-            shift_plan_reference(
-                query_start_loc,
-                positions,
-                token_indices_to_sample,
-                seq_lens,
-                cached_lens,
-                max_shift,
-            )
-        )
-    num_reqs = token_indices_to_sample.shape[0]
-    shift = torch.empty_like(token_indices_to_sample)
-    sample = torch.empty_like(token_indices_to_sample)
-    new_seq_lens = torch.empty_like(seq_lens)
-    new_cached_lens = torch.empty_like(cached_lens)
-    if num_reqs > 0:
-        wrap_triton(_shift_plan_kernel)[(cdiv(num_reqs, BLOCK_REQS),)](
-            query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens,
-            shift, sample, new_seq_lens, new_cached_lens,
-            num_reqs, positions.shape[-1],
-            MAX_SHIFT=int(max_shift), BLOCK=BLOCK_REQS,  # specializes a SymInt, as in the shift ops
-        )  # fmt: skip
-    return shift, sample, new_seq_lens, new_cached_lens
-
-
 @triton_op(f"{NAMESPACE}::shift_and_cache_1d", mutates_args=("dst", "cache"))
 def _shift_and_cache_1d_op(
     src: torch.Tensor,
@@ -463,111 +318,21 @@ def _shift_and_cache_hidden_op(
 # ---------------------------------------------------------------- public wrappers
 
 
-def _check_request_metadata(tensors: dict[str, torch.Tensor]) -> int:
-    """query_start_loc [B+1] and per-request [B] index tensors; returns B."""
-    query_start_loc = tensors["query_start_loc"]
-    check_dtype("query_start_loc", query_start_loc, INDEX_DTYPES)
-    check_rank("query_start_loc", query_start_loc, 1)
-    if query_start_loc.shape[0] < 1:
-        raise ValueError("query_start_loc must have B + 1 >= 1 entries")
+def _check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, device_of) -> int:
+    """query_start_loc [B + 1] and the plan's per-request tensors [B]; returns B."""
+    check_tensor_arg(
+        "query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),), device_of=device_of
+    )
     num_reqs = query_start_loc.shape[0] - 1
-    for name, tensor in tensors.items():
-        if name != "query_start_loc":
-            check_dtype(name, tensor, INDEX_DTYPES)
-            check_shape(name, tensor, (num_reqs,))
+    check_tensor_arg(
+        "token_indices_to_sample", token_indices_to_sample, INDEX_DTYPES, shape=(num_reqs,), device_of=device_of
+    )
+    check_tensor_arg("shift", shift, INDEX_DTYPES, shape=(num_reqs,), device_of=device_of)
+    check_tensor_arg("cached_lens", cached_lens, INDEX_DTYPES, shape=(num_reqs,), device_of=device_of)
     return num_reqs
 
 
-def _check_max_shift(max_shift: int) -> None:
-    check_int_range("max_shift", max_shift, 1, MAX_SHIFT_LIMIT)
-
-
-def shift_plan(
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    token_indices_to_sample: torch.Tensor | None,
-    seq_lens: torch.Tensor,
-    cached_lens: torch.Tensor,
-    max_shift: int,
-) -> ShiftPlan:
-    """The adjust-input step: how far to shift each request's window.
-
-    shift = clamp(min(window end - token_indices_to_sample, first position of the
-    window), 0), then limited by cached_lens. The returned sample indices move by
-    shift, seq_lens shrink by it, and cached_lens is the length of the cache after
-    `shift_and_cache_*` refreshes it (min(MAX_SHIFT, rows up to the sample index)).
-    Inputs are not modified. `token_indices_to_sample=None` means each window's
-    last token. positions: [T] or M-RoPE [3, T] (row 0 decides).
-
-    Unlike vLLM, which moves the sample index and seq_lens by the shift *before*
-    limiting it by the cached length, all outputs here use the one limited shift,
-    so the moved index always points at the token the data moved to.
-    """
-    if token_indices_to_sample is None:
-        token_indices_to_sample = query_start_loc[1:] - 1
-    _check_request_metadata(
-        {
-            "query_start_loc": query_start_loc,
-            "token_indices_to_sample": token_indices_to_sample,
-            "seq_lens": seq_lens,
-            "cached_lens": cached_lens,
-        },
-    )
-    check_dtype("positions", positions, INDEX_DTYPES)
-    check_rank("positions", positions, (1, 2))
-    check_contiguous("positions", positions)
-    _check_max_shift(max_shift)
-    check_same_device(
-        {
-            "query_start_loc": query_start_loc,
-            "positions": positions,
-            "token_indices_to_sample": token_indices_to_sample,
-            "seq_lens": seq_lens,
-            "cached_lens": cached_lens,
-        }
-    )
-    return ShiftPlan(
-        *_shift_plan_op(query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens, max_shift)
-    )
-
-
-def _check_shift_args(name_src, src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens,
-                      max_query_len, token_dim):  # fmt: skip
-    check_distinct("dst", dst, "src", src)
-    check_distinct("cache", cache, "src", src)
-    check_same_dtype("dst", dst, "src", src)
-    check_same_dtype("cache", cache, "src", src)
-    check_shape("dst", dst, tuple(src.shape))
-    for name, tensor in (("src", src), ("dst", dst), ("cache", cache)):
-        check_contiguous(name, tensor)
-    num_reqs = _check_request_metadata(
-        {
-            "query_start_loc": query_start_loc,
-            "token_indices_to_sample": token_indices_to_sample,
-            "shift": shift,
-            "cached_lens": cached_lens,
-        },
-    )
-    # cache: [..., B, MAX_SHIFT] for 1-D rows (tokens last), [B, MAX_SHIFT, H] for hidden.
-    req_dim, shift_dim = (-2, -1) if token_dim == -1 else (0, 1)
-    if not same_size(cache.shape[req_dim], num_reqs):
-        raise ValueError(f"cache must hold one entry per request ({num_reqs}), got shape {tuple(cache.shape)}")
-    _check_max_shift(cache.shape[shift_dim])
-    if max_query_len is None:
-        max_query_len = src.shape[token_dim]
-    check_int_range("max_query_len", max_query_len, 0)
-    check_same_device(
-        {
-            name_src: src,
-            "dst": dst,
-            "cache": cache,
-            "query_start_loc": query_start_loc,
-            "token_indices_to_sample": token_indices_to_sample,
-            "shift": shift,
-            "cached_lens": cached_lens,
-        }
-    )
-    return max_query_len
+CACHE_WIDTH = between(1, MAX_SHIFT_LIMIT, "max_shift")  # a cache holds up to max_shift rows per request
 
 
 def shift_and_cache_1d(
@@ -591,23 +356,17 @@ def shift_and_cache_1d(
     max_query_len: a Python-int upper bound of the window lengths; it sizes the
     grid without a host sync (default: T, always safe, larger grid).
     """
-    check_dtype("src", src, INDEX_DTYPES)
-    check_rank("src", src, (1, 2))
-    check_rank("cache", cache, src.dim() + 1)
-    if src.dim() == 2 and cache.shape[0] != src.shape[0]:
-        raise ValueError(f"cache must have {src.shape[0]} rows like src, got shape {tuple(cache.shape)}")
-    max_query_len = _check_shift_args(
-        "src",
-        src,
-        dst,
-        cache,
-        query_start_loc,
-        token_indices_to_sample,
-        shift,
-        cached_lens,
-        max_query_len,
-        -1,
+    check_tensor_arg("src", src, INDEX_DTYPES, rank=(1, 2), contiguous=True)
+    num_reqs = _check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, device_of=src)
+    check_tensor_arg(
+        "cache", cache, src.dtype, shape=(*src.shape[:-1], num_reqs, CACHE_WIDTH), contiguous=True,
+        distinct_from={"src": src}, device_of=src,
+    )  # fmt: skip
+    check_tensor_arg(
+        "dst", dst, src.dtype, shape=tuple(src.shape), contiguous=True, distinct_from={"src": src}, device_of=src
     )
+    max_query_len = src.shape[-1] if max_query_len is None else max_query_len
+    check_int_range("max_query_len", max_query_len, 0)
     _shift_and_cache_1d_op(src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens, max_query_len)
 
 
@@ -623,23 +382,17 @@ def shift_and_cache_hidden(
 ) -> None:
     """Shift hidden states [T, H] (fp32 / bf16 / fp16); cache [B, MAX_SHIFT, H].
     Same contract as `shift_and_cache_1d`."""
-    check_dtype("src", src, FLOAT_DTYPES)
-    check_rank("src", src, 2)
-    check_rank("cache", cache, 3)
-    if cache.shape[2] != src.shape[1]:
-        raise ValueError(f"cache must have hidden size {src.shape[1]} like src, got shape {tuple(cache.shape)}")
-    max_query_len = _check_shift_args(
-        "src",
-        src,
-        dst,
-        cache,
-        query_start_loc,
-        token_indices_to_sample,
-        shift,
-        cached_lens,
-        max_query_len,
-        0,
+    check_tensor_arg("src", src, FLOAT_DTYPES, rank=2, contiguous=True)
+    num_reqs = _check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, device_of=src)
+    check_tensor_arg(
+        "cache", cache, src.dtype, shape=(num_reqs, CACHE_WIDTH, src.shape[1]), contiguous=True,
+        distinct_from={"src": src}, device_of=src,
+    )  # fmt: skip
+    check_tensor_arg(
+        "dst", dst, src.dtype, shape=tuple(src.shape), contiguous=True, distinct_from={"src": src}, device_of=src
     )
+    max_query_len = src.shape[0] if max_query_len is None else max_query_len
+    check_int_range("max_query_len", max_query_len, 0)
     _shift_and_cache_hidden_op(
         src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens, max_query_len
     )

@@ -1,5 +1,5 @@
-"""One autoregressive draft step's metadata (reference 001
-`eagle_step_slot_mapping_metadata_kernel`, reference 002 propose-loop clamping).
+"""One autoregressive draft step's metadata (vLLM's
+`eagle_step_slot_mapping_metadata_kernel` and its propose loop's clamping).
 
 Per request b < B, with p = positions[0, b] + 1 (row 0 decides for M-RoPE):
 
@@ -23,15 +23,7 @@ max_model_len at position 1 and write its KV into its own block 0.)
 import torch
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import (
-    INDEX_DTYPES,
-    check_distinct,
-    check_dtype,
-    check_int_range,
-    check_rank,
-    check_same_device,
-    check_shape,
-)
+from specdraft.checks import INDEX_DTYPES, at_least, between, check_all_distinct, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
@@ -162,45 +154,27 @@ def step_metadata(
     Written: positions, seq_lens, slot_mapping, clamped_positions; nothing else. One
     launch, no host sync.
     """
-    check_dtype("positions", positions, INDEX_DTYPES)
-    check_rank("positions", positions, (1, 2))
-    if positions.dim() == 2 and not 1 <= positions.shape[0] <= MAX_POSITION_ROWS:
-        raise ValueError(f"positions must be [B] or [R <= {MAX_POSITION_ROWS}, B], got {tuple(positions.shape)}")
+    check_tensor_arg(
+        "positions", positions, INDEX_DTYPES, shape=[(None,), (between(1, MAX_POSITION_ROWS, "R"), None)],
+        contiguous="rows",
+    )  # fmt: skip
     num_reqs = positions.shape[-1]
-    check_dtype("clamped_positions", clamped_positions, (positions.dtype,))
-    check_shape("clamped_positions", clamped_positions, tuple(positions.shape))
-    check_distinct("clamped_positions", clamped_positions, "positions", positions)
-    for name, tensor in (("positions", positions), ("clamped_positions", clamped_positions)):
-        if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:  # stride first: no guard on B
-            raise ValueError(f"{name} must have contiguous rows (stride 1 along the batch)")
-    check_dtype("seq_lens", seq_lens, INDEX_DTYPES)
-    check_shape("seq_lens", seq_lens, (num_reqs,))
-    check_dtype("block_table", block_table, INDEX_DTYPES)
-    check_rank("block_table", block_table, 2)
-    if block_table.shape[0] < num_reqs or block_table.shape[1] < 1:
-        raise ValueError(
-            f"block_table must be [>= {num_reqs}, >= 1] (a row of blocks per request), got {tuple(block_table.shape)}"
-        )
-    check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
-    check_rank("slot_mapping", slot_mapping, 1)
-    if slot_mapping.shape[0] < num_reqs:
-        raise ValueError(f"slot_mapping must have at least B = {num_reqs} entries, got {slot_mapping.shape[0]}")
-    if slot_mapping.stride(0) != 1 and slot_mapping.shape[0] > 1:
-        raise ValueError("slot_mapping must be contiguous")
-    if seq_lens.stride(0) != 1 and seq_lens.shape[0] > 1:
-        raise ValueError("seq_lens must be contiguous")
+    check_tensor_arg(
+        "clamped_positions", clamped_positions, positions.dtype, shape=tuple(positions.shape), contiguous="rows",
+        device_of=positions,
+    )  # fmt: skip
+    check_tensor_arg("seq_lens", seq_lens, INDEX_DTYPES, shape=(num_reqs,), contiguous="rows", device_of=positions)
+    check_tensor_arg(
+        "block_table", block_table, INDEX_DTYPES, shape=(at_least(num_reqs, "B"), at_least(1, "W")), device_of=positions
+    )
+    check_tensor_arg(
+        "slot_mapping", slot_mapping, INDEX_DTYPES, shape=(at_least(num_reqs, "B"),), contiguous="rows",
+        device_of=positions,
+    )  # fmt: skip
     check_int_range("block_size", block_size, 1)
     check_int_range("max_model_len", max_model_len, 1)
-    tensors = {
-        "positions": positions,
-        "seq_lens": seq_lens,
-        "block_table": block_table,
-        "slot_mapping": slot_mapping,
-        "clamped_positions": clamped_positions,
-    }
-    names = list(tensors)
-    for i, name in enumerate(names):
-        for other_name in names[i + 1 :]:
-            check_distinct(other_name, tensors[other_name], name, tensors[name])
-    check_same_device(tensors)
+    check_all_distinct(
+        {"positions": positions, "seq_lens": seq_lens, "block_table": block_table, "slot_mapping": slot_mapping,
+         "clamped_positions": clamped_positions}
+    )  # fmt: skip
     _step_metadata_op(positions, seq_lens, block_table, slot_mapping, clamped_positions, block_size, max_model_len)

@@ -1,5 +1,5 @@
-"""draft_sample and its counter-based noise against a plain-Python spec, plus
-deterministic statistical tests of the Gumbel sampler.
+"""draft_sample against a plain-Python spec, plus deterministic statistical tests
+of the Gumbel sampler (its noise: test_noise.py).
 
 `kernel` tests run in every lane (CPU reference, TRITON_INTERPRET=1 kernel, GPU);
 `interpreter` tests compare the interpreted kernel with the reference directly.
@@ -14,14 +14,10 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from specdraft.ops import draft_sample, noise_uniform
+from specdraft.ops import draft_sample
 from specdraft.ops.backend import TRITON_INTERPRET
-from specdraft.ops.draft_sample import (
-    CHUNK_V,
-    draft_sample_reference,
-    draft_sample_store_reference,
-    noise_bits_reference,
-)
+from specdraft.ops.sampling.draft import draft_sample_reference, draft_sample_store_reference
+from specdraft.ops.sampling.scan import CHUNK_V
 from specdraft.testing import SamplingBatch, check_draft_sample_values, sampling_batches
 
 import specs.sampling as spec
@@ -45,37 +41,6 @@ def spec_tokens(batch: SamplingBatch, logits: torch.Tensor, salt: int) -> list[i
         spec.draft_sample(rows[b], batch.temperature[b], batch.seeds[b], batch.positions[b], salt)
         for b in range(batch.num_reqs)
     ]
-
-
-# ----------------------------------------------------------------------- the hash
-
-
-@pytest.mark.kernel
-@given(
-    seeds=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=4),
-    position=st.integers(0, 2**63 - 1),
-    vocab=st.integers(1, 80),
-    salt=st.integers(0, 2**31 - 1),
-    stream=st.sampled_from([0, 1, 2]),
-)
-def test_noise_matches_python_hash(device, seeds, position, vocab, salt, stream):
-    s = torch.tensor(seeds, dtype=torch.int64, device=device)
-    p = torch.full_like(s, position)
-    got = torch.ops.specdraft.noise_bits(s, p, vocab, salt, stream).cpu().tolist()
-    want = [[spec.bits(spec.row_key(seed, position, salt, stream), i) for i in range(vocab)] for seed in seeds]
-    assert got == want
-    u = noise_uniform(s, p, vocab, salt=salt, stream=stream).cpu().tolist()
-    assert u == [[spec.uniform(w) for w in row] for row in want]  # exact: 23 bits + 0.5 fit fp32
-    assert all(0 < v < 1 for row in u for v in row)
-
-
-def test_uniform_extremes_stay_inside_the_open_interval():
-    top, bottom = spec.uniform(0xFFFFFFFF), spec.uniform(0)
-    t = torch.tensor([0xFFFFFFFF, 0], dtype=torch.int64)
-    from specdraft.ops._noise import gumbel2_torch, uniform_torch
-
-    assert uniform_torch(t).tolist() == [top, bottom]
-    assert top < 1 and bottom > 0 and torch.isfinite(gumbel2_torch(t)).all()
 
 
 # ---------------------------------------------------------------- spec: tokens
@@ -221,15 +186,6 @@ def test_interpreted_kernel_equals_reference(batch, write):
     ref_tokens = draft_sample_store_reference(*args, ref_out, step, 9, write == "probs")
     assert torch.equal(tokens, ref_tokens)
     torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-7, equal_nan=True)
-
-
-@pytest.mark.interpreter
-def test_interpreted_noise_bits_equal_reference():
-    seeds = torch.tensor([0, -1, 2**62 + 3, 17])
-    positions = torch.tensor([5, 2**40, 0, 2**63 - 1])
-    for stream in (0, 1, 2):
-        got = torch.ops.specdraft.noise_bits(seeds, positions, 100, 77, stream)
-        assert torch.equal(got, noise_bits_reference(seeds, positions, 100, 77, stream))
 
 
 # ------------------------------------------------------------------ bad inputs

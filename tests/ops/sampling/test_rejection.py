@@ -1,7 +1,7 @@
 """rejection_sample against a plain-Python spec (greedy and random paths, the
 spec using the same hash on Python ints), and deterministic statistical tests:
 the output follows the target distribution, and the acceptance rate is
-sum(min(p, q)). Lanes and markers as in test_draft_sample.py."""
+sum(min(p, q)). Lanes and markers as in test_draft.py."""
 
 import math
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from specdraft.ops import rejection_sample
 from specdraft.ops.backend import TRITON_INTERPRET
-from specdraft.ops.draft_sample import CHUNK_V
-from specdraft.ops.rejection_sample import rejection_sample_reference
+from specdraft.ops.sampling.rejection import rejection_sample_reference
+from specdraft.ops.sampling.scan import CHUNK_V
 from specdraft.testing import SamplingBatch, check_rejection_sample_values, sampling_batches
 
 import specs.sampling as spec

@@ -1,5 +1,5 @@
 """Rejection sampling of draft tokens against the target model (vLLM's rejection
-sampler; the DESIGN op table, beyond the reference documents).
+sampler).
 
 Per request b with n = num_draft_tokens[b] drafts x_0..x_{n-1} (n <= K, padded
 with -1) and target logits for K + 1 rows (row n gives the bonus token):
@@ -12,19 +12,14 @@ with -1) and target logits for K + 1 rows (row n gives the bonus token):
   first rejection j, emit a sample of normalise(max(p_j - q_j, 0)); if all are
   accepted, emit a sample of p_n. A draft token outside [0, V) is rejected.
 
-Noise: the counter-based hash of _noise.py, at position positions[b] + j
-for row j, in two streams of its own (so independent of the draft sampling noise
-at the same position): STREAM_ACCEPT for u_j (token index 0), STREAM_SAMPLE for
-the emitted token. The residual is sampled by the exponential race
-argmax_i r_i / E_i (E_i = -log u_i, which is Gumbel-max over log r_i without
-taking log 0); should the residual be all zero (q exceeding p everywhere, only
-possible with unnormalised draft probs or rounding) the same race runs over p.
-The bonus token is Gumbel-max over target / T, which needs no normalisation.
-
-Outputs: tokens [B, K + 1] int32 holding the accepted drafts, then the emitted
-(recovered or bonus) token, then -1; and accepted counts [B] int32, the number
-of accepted drafts (the emitted token is not counted), so the request advances by
-count + 1 tokens.
+Noise: the counter-based hash of noise.py, at position positions[b] + j for row j,
+in two streams of its own (so independent of the draft sampling noise at the same
+position): STREAM_ACCEPT for u_j (token index 0), STREAM_SAMPLE for the emitted
+token. The residual is sampled by the exponential race argmax_i r_i / E_i
+(E_i = -log u_i, which is Gumbel-max over log r_i without taking log 0); should the
+residual be all zero (q exceeding p everywhere, only possible with unnormalised
+draft probs or rounding) the same race runs over p. The bonus token is Gumbel-max
+over target / T, which needs no normalisation.
 
 Kernels: (1) per (request, row, vocab chunk) statistics: the argmax for greedy
 rows 0..n, the online-softmax max and sum for random rows 0..n-1; rows past those
@@ -38,102 +33,62 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_contiguous,
-    check_dtype,
-    check_rank,
-    check_same_device,
-    check_shape,
-)
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
 
-from ._noise import (
-    STREAM_ACCEPT,
-    STREAM_SAMPLE,
-    _combine_argmax,
-    _combine_softmax,
-    _exp2,
-    _exponential2,
-    _gumbel_gain,
-    _lane_argmax_finish,
-    _lane_argmax_update,
-    _load_block,
-    _log2_exponential2,
-    _noise_bits,
-    _rcp,
-    _row_key,
-    _uniform,
-    exponential2_torch,
-    gumbel2_torch,
-    gumbel_gain_torch,
-    noise_bits_torch,
-    row_key_torch,
-    salt_key,
-    uniform_torch,
-)
-from .backend import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
-from .draft_sample import (
-    BLOCK_V,
-    CHUNK_V,
-    DRAFT_BLOCK_V,
+from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
+from . import noise
+from .scan import (
     FAST_LOG2,
-    NUM_WARPS,
+    RS_LARGE_FROM,
+    RS_TILES_LARGE,
+    RS_TILES_SMALL,
     SPLIT_BLOCK,
+    argmax_step,
     check_request_params,
-    check_salt,
+    combine_argmax,
+    combine_softmax,
+    gumbel_step,
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    lane_softmax_finish,
+    lane_softmax_step,
+    scan_vocab,
 )
-
-# Tiles (tokens per program, tokens per loop iteration, warps). Large batches want
-# long programs on narrow iterations (8 tokens a thread): at V = 152k, B = 256 they
-# read at 3.3 TB/s where the small tiles read at 2.2. Small batches want the
-# opposite (few programs, each a short serial loop): the large tiles double their
-# latency. The switch is taken only where B is a known number (eager, or a static
-# compile); under dynamic shapes the op stays on the small tiles instead of adding
-# a guard on B (benchmarks/README.md). The interpreter keeps draft_sample's tiny tiles.
-RS_TILES_SMALL = (CHUNK_V, BLOCK_V, NUM_WARPS)
-RS_TILES_LARGE = (2 * CHUNK_V, DRAFT_BLOCK_V, 4) if not TRITON_INTERPRET else (CHUNK_V, BLOCK_V, 4)
-RS_LARGE_FROM = 4 * 1024 * 1024  # B * V from which the large tiles pay
-
 
 # --------------------------------------------------------------------------- kernels
 
 
 @triton.jit
-def _lane_softmax_update(lane_max, lane_sum, z2, FAST: tl.constexpr):
-    """Online softmax statistics per lane, z2 in base-2 units: one exp2 per token
-    (rescale the sum when the max grows, else add the new term)."""
-    d = z2 - lane_max
-    e = _exp2(-tl.abs(d), FAST)
-    lane_sum = tl.where(d > 0, lane_sum * e + 1.0, lane_sum + e)
-    return tl.maximum(lane_max, z2), lane_sum
-
-
-@triton.jit
-def _lane_softmax_finish(lane_max, lane_sum):
-    """(max, sum) across lanes in natural units: sum_i e**(z_i - max), the same
-    number as the base-2 sum, with the max converted by ln 2."""
-    top = tl.max(lane_max, 0)
-    total = tl.sum(lane_sum * tl.exp2(lane_max - top), 0)
-    return top * 0.6931471805599453, total
+def _residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
+    """A rejected row: the exponential races r / E over the residual r = max(p - q, 0)
+    and, as the fallback, over p. p = softmax in base 2: 2**(x * log2(e) / T -
+    max * log2(e)) / sum, the division and the division by T hoisted out of the loop
+    (args). Without draft probs q is the one-hot of the rejected token."""
+    HAS_DRAFT_PROBS: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
+    FAST: tl.constexpr = FLAGS[1]
+    race, race_idx, fall, fall_idx = acc
+    gain, max2, inv_sum, key, end, rejected = args
+    mask = idx < end
+    p = noise.exp2(x * gain - max2, FAST) * inv_sum
+    if not HAS_DRAFT_PROBS:
+        q = (idx == rejected).to(tl.float32)
+    # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
+    inv_e = noise.rcp(noise.exponential2(noise.noise_bits(key, idx), FAST), FAST)
+    race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
+    fall_keys = tl.where(mask, p * inv_e, float("-inf"))
+    race, race_idx = lane_argmax_update(race, race_idx, race_keys, idx)
+    fall, fall_idx = lane_argmax_update(fall, fall_idx, fall_keys, idx)
+    return race, race_idx, fall, fall_idx
 
 
 @triton.jit
 def _rs_stats_kernel(
-    logits_ptr,
-    num_draft_ptr,
-    temperature_ptr,
-    part_key_ptr,
-    part_idx_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    vocab,
-    num_spec,
-    num_splits,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    FAST_LOG2: tl.constexpr,
-):
+    logits_ptr, num_draft_ptr, temperature_ptr,
+    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, row, chunk)
+    vocab, num_spec, num_splits,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     split = tl.program_id(2)
@@ -145,30 +100,23 @@ def _rs_stats_kernel(
         row = req * (num_spec + 1) + j
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_idx = tl.full([BLOCK], 0, tl.int32) + start
+        end = tl.minimum(start + CHUNK, vocab)
+        best, best_idx = lane_argmax_init(start, BLOCK)
         run_max = tl.full([], float("-inf"), tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
-        end = tl.minimum(start + CHUNK, vocab)
-        # Both loops prefetch the next block while they work on this one (see _scan_chunk).
-        x_next = _load_block(row_ptr, start + tl.arange(0, BLOCK), end, float("-inf"))
         if greedy:
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                x = x_next.to(tl.float32)
-                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
-                best, best_idx = _lane_argmax_update(best, best_idx, x, idx)
-        else:  # online softmax per lane, in base 2: no reduction inside the loop
-            gain = _gumbel_gain(temp)
+            best, best_idx = scan_vocab(
+                row_ptr, row_ptr, start, end, (best, best_idx), None, argmax_step, None, False, BLOCK
+            )
+        else:
             lane_max = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)  # finite: -inf - -inf is NaN
             lane_sum = tl.zeros([BLOCK], tl.float32)
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                x = x_next.to(tl.float32)
-                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
-                lane_max, lane_sum = _lane_softmax_update(lane_max, lane_sum, x * gain, FAST_LOG2)
-            run_max, run_sum = _lane_softmax_finish(lane_max, lane_sum)
-        best, best_idx = _lane_argmax_finish(best, best_idx)
+            lane_max, lane_sum = scan_vocab(
+                row_ptr, row_ptr, start, end, (lane_max, lane_sum), noise.gumbel_gain(temp), lane_softmax_step,
+                FAST_LOG2, False, BLOCK,
+            )  # fmt: skip
+            run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
+        best, best_idx = lane_argmax_finish(best, best_idx)
         part = row * num_splits + split
         tl.store(part_key_ptr + part, best)
         tl.store(part_idx_ptr + part, best_idx)
@@ -178,74 +126,38 @@ def _rs_stats_kernel(
 
 @triton.jit
 def _accepts(
-    logits_ptr,
-    draft_probs_ptr,
-    part_key_ptr,
-    part_idx_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    draft,
-    row,
-    q_row,
-    parts,
-    greedy,
-    temp,
-    seed,
-    position,
-    vocab,
-    num_splits,
-    ACCEPT_KEY: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-):
+    logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
+    draft, row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
+    ACCEPT_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+):  # fmt: skip
     """Whether one draft token is accepted (as int32)."""
     if greedy:
-        _, target = _combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        _, target = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
         accept = (draft == target).to(tl.int32)
     else:
         valid = (draft >= 0) & (draft < vocab)
-        run_max, run_sum = _combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+        run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
         x = tl.load(logits_ptr + row * vocab + draft, mask=valid, other=float("-inf")).to(tl.float32)
         p = tl.exp(x / temp - run_max) / run_sum
         if HAS_DRAFT_PROBS:
             q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
         else:
             q = 1.0
-        u = _uniform(_noise_bits(_row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
+        u = noise.uniform(noise.noise_bits(noise.row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
         accept = (valid & (u * q <= p)).to(tl.int32)
     return accept
 
 
 @triton.jit
 def _rs_chain_kernel(
-    logits_ptr,
-    draft_tokens_ptr,
-    draft_probs_ptr,
-    num_draft_ptr,
-    temperature_ptr,
-    seeds_ptr,
-    positions_ptr,
-    tokens_ptr,
-    counts_ptr,
-    part_key_ptr,
-    part_idx_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    race_key_ptr,
-    race_idx_ptr,
-    fall_key_ptr,
-    fall_idx_ptr,
-    vocab,
-    num_spec,
-    num_splits,
-    ACCEPT_KEY: tl.constexpr,
-    SAMPLE_KEY: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
-    FAST_LOG2: tl.constexpr,
-):
+    logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, seeds_ptr, positions_ptr,
+    tokens_ptr, counts_ptr,  # out
+    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the statistics kernel's partials
+    race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # out: per (request, chunk)
+    vocab, num_spec, num_splits,
+    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     num_draft = tl.minimum(tl.maximum(tl.load(num_draft_ptr + req), 0), num_spec)
@@ -276,7 +188,7 @@ def _rs_chain_kernel(
     if split == 0:
         emitted = tl.full([], -1, tl.int32)  # random requests: filled in by the finish kernel
         if greedy:
-            _, emitted = _combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+            _, emitted = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
         for i in range(0, num_spec + 1):
             draft = tl.load(draft_base + i, mask=i < count, other=-1).to(tl.int32)
             token = tl.where(i < count, draft, tl.where(i == count, emitted, -1))
@@ -284,51 +196,28 @@ def _rs_chain_kernel(
         tl.store(counts_ptr + req, count)
 
     if not greedy:
-        key = _row_key(seed, position + count, SAMPLE_KEY)
+        key = noise.row_key(seed, position + count, SAMPLE_KEY)
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, vocab)
-        race, race_idx = tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], 0, tl.int32) + start
+        race, race_idx = lane_argmax_init(start, BLOCK)
         fall, fall_idx = race, race_idx
         if count < num_draft:  # rejected at row `count`: race over the residual
-            run_max, run_sum = _combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+            run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
             rejected = tl.load(draft_base + count).to(tl.int64)
             q_ptr = draft_probs_ptr + (req * num_spec + count) * vocab
-            # p = softmax in base 2: 2**(x * log2(e) / T - max * log2(e)) / sum, with the
-            # division and the per-token division by T hoisted out of the loop.
-            gain, max2, inv_sum = _gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum
-            first = start + tl.arange(0, BLOCK)
-            x_next = _load_block(row_ptr, first, end, float("-inf"))  # prefetch, as in stats
-            if HAS_DRAFT_PROBS:
-                q_next = _load_block(q_ptr, first, end, 0.0)
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < end
-                x = x_next.to(tl.float32)
-                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
-                p = _exp2(x * gain - max2, FAST_LOG2) * inv_sum
-                if HAS_DRAFT_PROBS:
-                    q = q_next.to(tl.float32)
-                    q_next = _load_block(q_ptr, idx + BLOCK, end, 0.0)
-                else:
-                    q = (idx == rejected).to(tl.float32)
-                # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
-                inv_e = _rcp(_exponential2(_noise_bits(key, idx), FAST_LOG2), FAST_LOG2)
-                race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
-                fall_keys = tl.where(mask, p * inv_e, float("-inf"))
-                race, race_idx = _lane_argmax_update(race, race_idx, race_keys, idx)
-                fall, fall_idx = _lane_argmax_update(fall, fall_idx, fall_keys, idx)
-        else:  # all accepted: the bonus token, base-2 Gumbel-max over target / T
-            gain = _gumbel_gain(temp)
-            x_next = _load_block(row_ptr, start + tl.arange(0, BLOCK), end, float("-inf"))
-            for off in range(start, end, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                x = x_next.to(tl.float32)
-                x_next = _load_block(row_ptr, idx + BLOCK, end, float("-inf"))
-                keys = x * gain - _log2_exponential2(_noise_bits(key, idx), FAST_LOG2)
-                race, race_idx = _lane_argmax_update(race, race_idx, keys, idx)
-        race, race_idx = _lane_argmax_finish(race, race_idx)
-        fall, fall_idx = _lane_argmax_finish(fall, fall_idx)
+            args = (noise.gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected)
+            race, race_idx, fall, fall_idx = scan_vocab(
+                row_ptr, q_ptr, start, end, (race, race_idx, fall, fall_idx), args, _residual_race_step,
+                (HAS_DRAFT_PROBS, FAST_LOG2), HAS_DRAFT_PROBS, BLOCK,
+            )  # fmt: skip
+        else:  # all accepted: the bonus token
+            race, race_idx = scan_vocab(
+                row_ptr, row_ptr, start, end, (race, race_idx), (noise.gumbel_gain(temp), key), gumbel_step, FAST_LOG2,
+                False, BLOCK,
+            )  # fmt: skip
+        race, race_idx = lane_argmax_finish(race, race_idx)
+        fall, fall_idx = lane_argmax_finish(fall, fall_idx)
         part = req * num_splits + split
         tl.store(race_key_ptr + part, race)
         tl.store(race_idx_ptr + part, race_idx)
@@ -338,27 +227,20 @@ def _rs_chain_kernel(
 
 @triton.jit
 def _rs_finish_kernel(
-    num_draft_ptr,
-    temperature_ptr,
-    tokens_ptr,
-    counts_ptr,
-    race_key_ptr,
-    race_idx_ptr,
-    fall_key_ptr,
-    fall_idx_ptr,
-    num_spec,
-    num_splits,
+    num_draft_ptr, temperature_ptr, tokens_ptr, counts_ptr,
+    race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # in: the chain kernel's partial races
+    num_spec, num_splits,
     SPLIT_BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
     temp = tl.load(temperature_ptr + req).to(tl.float32)
     if not (temp <= 0):
         num_draft = tl.minimum(tl.maximum(tl.load(num_draft_ptr + req), 0), num_spec)
         count = tl.load(counts_ptr + req)
         parts = req * num_splits
-        race, token = _combine_argmax(race_key_ptr + parts, race_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        race, token = combine_argmax(race_key_ptr + parts, race_idx_ptr + parts, num_splits, SPLIT_BLOCK)
         if count < num_draft:
-            _, fallback = _combine_argmax(fall_key_ptr + parts, fall_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+            _, fallback = combine_argmax(fall_key_ptr + parts, fall_idx_ptr + parts, num_splits, SPLIT_BLOCK)
             token = tl.where(race > 0, token, fallback)
         tl.store(tokens_ptr + req * (num_spec + 1) + count, token)
 
@@ -391,26 +273,29 @@ def rejection_sample_reference(
     # Acceptance of every draft, then the leading run of accepted ones.
     p_x = p[:, :num_spec].gather(2, safe)[..., 0]
     q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.float().gather(2, safe)[..., 0]
-    accept_keys = row_key_torch(seeds[:, None], positions.long()[:, None] + steps, salt_key(salt, STREAM_ACCEPT))
-    u = uniform_torch(noise_bits_torch(accept_keys, torch.zeros_like(accept_keys)))
+    accept_keys = noise.row_key_torch(
+        seeds[:, None], positions.long()[:, None] + steps, noise.salt_key(salt, noise.STREAM_ACCEPT)
+    )
+    u = noise.uniform_torch(noise.noise_bits_torch(accept_keys, torch.zeros_like(accept_keys)))
     accept = torch.where(greedy[:, None], draft == target_argmax[:, :num_spec], valid & (u * q_x <= p_x))
     accept = accept & (steps < num_draft[:, None])
     count = accept.long().cumprod(1).sum(1)  # [B]
 
     # The emitted token comes from row `count`: recovered if count < n, else the bonus.
     token = torch.arange(vocab, device=device)
-    sample_keys = row_key_torch(seeds, positions.long() + count, salt_key(salt, STREAM_SAMPLE))
-    bits = noise_bits_torch(sample_keys[:, None], token)
+    sample_keys = noise.row_key_torch(seeds, positions.long() + count, noise.salt_key(salt, noise.STREAM_SAMPLE))
+    bits = noise.noise_bits_torch(sample_keys[:, None], token)
     p_c = _gather_rows(p, count)
     q_row = count.clamp(max=num_spec - 1)
     if draft_probs is None:
         q_c = (token == draft.gather(1, q_row[:, None])).float()
     else:
         q_c = _gather_rows(draft_probs.float(), q_row)
-    e = exponential2_torch(bits)  # E / ln 2: the same winners as E
+    e = noise.exponential2_torch(bits)  # E / ln 2: the same winners as E
     race = (p_c - q_c).clamp(min=0) / e
     recovered = torch.where((race > 0).any(-1), race.argmax(-1), (p_c / e).argmax(-1))
-    bonus = (_gather_rows(x, count) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits)).argmax(-1)
+    gumbel_keys = _gather_rows(x, count) * noise.gumbel_gain_torch(temperature)[:, None] + noise.gumbel2_torch(bits)
+    bonus = gumbel_keys.argmax(-1)
     random_token = torch.where(count < num_draft, recovered, bonus)
     emitted = torch.where(greedy, target_argmax.gather(1, count[:, None])[:, 0], random_token)
 
@@ -452,7 +337,7 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
         vocab, num_spec, num_splits,
-        ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
+        ACCEPT_KEY=noise.salt_key(salt, noise.STREAM_ACCEPT), SAMPLE_KEY=noise.salt_key(salt, noise.STREAM_SAMPLE),
         HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
@@ -507,37 +392,22 @@ def rejection_sample(
     emitted token. Value-level contracts (temperature >= 0, n <= K, valid draft
     ids) are checked by `check_rejection_sample_values` in specdraft.testing.
     """
-    check_dtype("draft_tokens", draft_tokens, INDEX_DTYPES)
-    check_rank("draft_tokens", draft_tokens, 2)
+    check_tensor_arg("draft_tokens", draft_tokens, INDEX_DTYPES, shape=(None, at_least(1, "K")), contiguous=True)
     num_reqs, num_spec = draft_tokens.shape
-    if num_spec < 1:
-        raise ValueError(f"draft_tokens must hold K >= 1 drafts per request, got shape {tuple(draft_tokens.shape)}")
-    check_dtype("num_draft_tokens", num_draft_tokens, INDEX_DTYPES)
-    check_shape("num_draft_tokens", num_draft_tokens, (num_reqs,))
-    check_dtype("target_logits", target_logits, FLOAT_DTYPES)
-    check_rank("target_logits", target_logits, 3)
+    check_tensor_arg(
+        "num_draft_tokens", num_draft_tokens, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=draft_tokens
+    )
+    check_tensor_arg(
+        "target_logits", target_logits, FLOAT_DTYPES, shape=(num_reqs, num_spec + 1, at_least(1, "V")), contiguous=True,
+        device_of=draft_tokens,
+    )  # fmt: skip
     vocab = target_logits.shape[2]
-    if tuple(target_logits.shape[:2]) != (num_reqs, num_spec + 1) or vocab < 1:
-        raise ValueError(
-            f"target_logits must have shape ({num_reqs}, {num_spec + 1}, V >= 1), got {tuple(target_logits.shape)}"
-        )
-    tensors = {
-        "draft_tokens": draft_tokens,
-        "num_draft_tokens": num_draft_tokens,
-        "target_logits": target_logits,
-        "temperature": temperature,
-        "seeds": seeds,
-        "positions": positions,
-    }
-    if draft_probs is not None:
-        check_dtype("draft_probs", draft_probs, FLOAT_DTYPES)
-        check_shape("draft_probs", draft_probs, (num_reqs, num_spec, vocab))
-        tensors["draft_probs"] = draft_probs
-    check_request_params(num_reqs, temperature, seeds, positions)
-    for name, tensor in tensors.items():
-        check_contiguous(name, tensor)
-    check_salt(salt)
-    check_same_device(tensors)
+    check_tensor_arg(
+        "draft_probs", draft_probs, FLOAT_DTYPES, shape=(num_reqs, num_spec, vocab), contiguous=True,
+        device_of=draft_tokens, optional=True,
+    )  # fmt: skip
+    check_request_params(num_reqs, temperature, seeds, positions, device_of=draft_tokens)
+    noise.check_salt(salt)
     return _rejection_sample_op(
         draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt
     )

@@ -1,10 +1,11 @@
-"""The counter-based noise that draft and rejection sampling draw, and the
-block-wise reductions their kernels share.
+"""The counter-based noise that draft and rejection sampling draw: the hash, its
+uniforms, exponentials and Gumbel noise, written twice side by side (Triton and
+torch), and the `noise_bits` op that exposes the raw draws.
 
 u is not drawn from a device RNG: it is a pure function of
 (seed, position, token index, salt, stream), so the same request samples the same
 token on CPU and CUDA, under CUDA-graph replay, and whatever the batch holds. The
-function (uint32 arithmetic, written twice side by side below, Triton and torch):
+function (uint32 arithmetic):
 
     fmix(x)      = murmur3 finaliser: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
                    x *= 0xC2B2AE35; x ^= x >> 16                 (all mod 2**32)
@@ -29,16 +30,23 @@ of rejection sampling, so they stay independent at the same position.
 The samplers use u in base 2: Gumbel-max keys x * log2(e) / T - log2(-log2 u)
 (the argmax of x / T + Gumbel noise) and exponential races over r / (-log2 u),
 with the SFU's log2 / exp2 / rcp on CUDA (FAST) and exact functions elsewhere.
+Triton functions carry the plain names, their torch twins the suffix `_torch`.
 """
 
 import torch
+from torch.library import triton_op, wrap_triton
 
-from .backend import tl, triton
+from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
+
+from ..backend import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
 
 STREAM_DRAFT = 0
 STREAM_ACCEPT = 1
 STREAM_SAMPLE = 2
 SALT_LIMIT = 2**31
+LOG2E = 1.4426950408889634
+# Tokens per program of the noise_bits kernel (small in the interpreter, which emulates every lane).
+NOISE_BLOCK = 16 if TRITON_INTERPRET else 2048
 
 _MASK32 = 0xFFFFFFFF
 
@@ -60,6 +68,10 @@ def salt_key(salt: int, stream: int) -> int:
     for word in (salt & _MASK32, stream & _MASK32):
         key = _fmix32_int(((key ^ word) + 0x9E3779B9) & _MASK32)
     return key
+
+
+def check_salt(salt: int) -> None:
+    check_int_range("salt", salt, 0, SALT_LIMIT - 1)
 
 
 # ------------------------------------------------------ the noise, Triton | torch
@@ -97,7 +109,7 @@ def _absorb_torch(key: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _row_key(seed, position, SALT_KEY: tl.constexpr):
+def row_key(seed, position, SALT_KEY: tl.constexpr):
     seed = seed.to(tl.int64)
     position = position.to(tl.int64)
     key = tl.full([], SALT_KEY, tl.uint32)
@@ -117,7 +129,7 @@ def row_key_torch(seeds: torch.Tensor, positions: torch.Tensor, key: int) -> tor
 
 
 @triton.jit
-def _noise_bits(key, token):
+def noise_bits(key, token):
     return _fmix32(token.to(tl.uint32) * 0x9E3779B9 + key)
 
 
@@ -126,7 +138,7 @@ def noise_bits_torch(key: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _uniform(bits):
+def uniform(bits):
     # 1 + m * 2**-23 from the bits, then - (1 - 2**-24): exactly (m + 0.5) * 2**-23
     # (2m + 1 < 2**24 fits the significand), without an int-to-float conversion.
     one_plus = ((bits >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -138,7 +150,7 @@ def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _log2(x, FAST: tl.constexpr):
+def log2(x, FAST: tl.constexpr):
     """log2 of a positive normal fp32; FAST: the SFU instruction (lg2.approx,
     about 2**-22 relative error), one issue slot instead of libdevice's polynomial."""
     if FAST:
@@ -150,7 +162,7 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _exp2(x, FAST: tl.constexpr):
+def exp2(x, FAST: tl.constexpr):
     """2**x; FAST: the SFU instruction (ex2.approx.ftz, 2 ulp)."""
     if FAST:
         return tl.inline_asm_elementwise(
@@ -161,7 +173,7 @@ def _exp2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _rcp(x, FAST: tl.constexpr):
+def rcp(x, FAST: tl.constexpr):
     """1 / x; FAST: the SFU instruction (rcp.approx.ftz, 1 ulp) instead of a division."""
     if FAST:
         return tl.inline_asm_elementwise(
@@ -172,10 +184,10 @@ def _rcp(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _exponential2(bits, FAST: tl.constexpr):
+def exponential2(bits, FAST: tl.constexpr):
     """-log2(u): an Exp(1) variable divided by ln 2 (races compare ratios, so the
     common factor does not change a winner)."""
-    return -_log2(_uniform(bits), FAST)
+    return -log2(uniform(bits), FAST)
 
 
 def exponential2_torch(bits: torch.Tensor) -> torch.Tensor:
@@ -183,23 +195,28 @@ def exponential2_torch(bits: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _log2_exponential2(bits, FAST: tl.constexpr):
+def log2_exponential2(bits, FAST: tl.constexpr):
     """log2(-log2 u), minus the noise of the base-2 Gumbel-max key
-    x * log2(e) / T - _log2_exponential2 (-log2(-log2 u) is the Gumbel noise times
+    x * log2(e) / T - log2_exponential2 (-log2(-log2 u) is the Gumbel noise times
     log2(e), plus a constant). |log2 u| rather than -log2 u: the SFU takes the
     absolute value as an operand modifier, a negation would be one more instruction."""
-    return _log2(tl.abs(_log2(_uniform(bits), FAST)), FAST)
+    return log2(tl.abs(log2(uniform(bits), FAST)), FAST)
 
 
 def gumbel2_torch(bits: torch.Tensor) -> torch.Tensor:
     return -torch.log2(exponential2_torch(bits))
 
 
-LOG2E = 1.4426950408889634
+@triton.jit
+def gumbel_keys(x, idx, gain, key, FAST: tl.constexpr):
+    """Base-2 Gumbel-max keys of the logits x at tokens idx, gain = gumbel_gain(T):
+    x * log2(e) / T - log2(-log2 u), whose argmax samples softmax(x / T). One FFMA
+    after the hash and the two logs."""
+    return x * gain - log2_exponential2(noise_bits(key, idx), FAST)
 
 
 @triton.jit
-def _gumbel_gain(temp):
+def gumbel_gain(temp):
     """log2(e) / T, the scale of the base-2 keys (1 for greedy rows: plain argmax)."""
     return tl.where(temp <= 0, 1.0, tl.math.div_rn(1.4426950408889634, tl.where(temp <= 0, 1.0, temp)))
 
@@ -209,69 +226,43 @@ def gumbel_gain_torch(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(greedy, 1.0, LOG2E / torch.where(greedy, 1.0, temperature.float()))
 
 
-# ------------------------------------------------ block-wise reductions (shared)
+# ------------------------------------------------------- the noise_bits op (raw draws)
 
 
 @triton.jit
-def _load_block(ptr, idx, end, other):
-    """ptr[idx] where idx < end, else `other`: one block of a program's token range
-    (the token loops load the block after the current one with it, a prefetch)."""
-    return tl.load(ptr + idx, mask=idx < end, other=other)
+def _noise_bits_kernel(seeds_ptr, positions_ptr, bits_ptr, vocab, SALT_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    key = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
+    tl.store(bits_ptr + row * vocab + idx, noise_bits(key, idx).to(tl.int64), mask=idx < vocab)
 
 
-@triton.jit
-def _lane_argmax_update(best, best_idx, keys, idx):
-    """Per-lane running (max, index); strict, so a lane keeps its earliest index on a
-    tie. NaN keys never win (every comparison with NaN is false)."""
-    better = keys > best
-    return tl.where(better, keys, best), tl.where(better, idx, best_idx)
+def noise_bits_reference(seeds, positions, vocab: int, salt: int, stream: int) -> torch.Tensor:
+    token = torch.arange(vocab, device=seeds.device)
+    return noise_bits_torch(row_key_torch(seeds, positions, salt_key(salt, stream))[:, None], token)
 
 
-@triton.jit
-def _lane_argmax_finish(best, best_idx):
-    """(max, first index of the max) across the lanes of _lane_argmax_update."""
-    top = tl.max(best, 0)
-    return top, tl.min(tl.where(best == top, best_idx, 2147483647), 0)
+@triton_op(f"{NAMESPACE}::noise_bits", mutates_args=())
+def _noise_bits_op(seeds: torch.Tensor, positions: torch.Tensor, vocab: int, salt: int, stream: int) -> torch.Tensor:
+    if not use_triton(seeds):
+        return noise_bits_reference(seeds, positions, vocab, salt, stream)
+    bits = torch.empty((seeds.shape[0], vocab), dtype=torch.int64, device=seeds.device)
+    if seeds.shape[0] > 0 and vocab > 0:
+        wrap_triton(_noise_bits_kernel)[(seeds.shape[0], cdiv(vocab, NOISE_BLOCK))](
+            seeds, positions, bits, vocab, SALT_KEY=salt_key(salt, stream), BLOCK=NOISE_BLOCK
+        )
+    return bits
 
 
-@triton.jit
-def _softmax_update(run_max, run_sum, z):
-    """Online softmax statistics; rows of -inf so far contribute nothing."""
-    new_max = tl.maximum(run_max, tl.max(z, 0))
-    safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-    run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(tl.exp(z - safe), 0)
-    return new_max, run_sum
-
-
-@triton.jit
-def _combine_argmax(key_ptr, idx_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
-    """Global (max, first index) from per-program partials ordered by token range."""
-    best = tl.full([], float("-inf"), tl.float32)
-    best_idx = tl.full([], 0, tl.int32)
-    for s0 in range(0, num_splits, SPLIT_BLOCK):
-        offs = s0 + tl.arange(0, SPLIT_BLOCK)
-        mask = offs < num_splits
-        keys = tl.load(key_ptr + offs, mask=mask, other=float("-inf"))
-        idxs = tl.load(idx_ptr + offs, mask=mask, other=2147483647)
-        block_best = tl.max(keys, 0)
-        block_idx = tl.min(tl.where(mask & (keys == block_best), idxs, 2147483647), 0)
-        better = block_best > best
-        best = tl.where(better, block_best, best)
-        best_idx = tl.where(better, block_idx, best_idx)
-    return best, best_idx
-
-
-@triton.jit
-def _combine_softmax(max_ptr, sum_ptr, num_splits, SPLIT_BLOCK: tl.constexpr):
-    run_max = tl.full([], float("-inf"), tl.float32)
-    run_sum = tl.full([], 0.0, tl.float32)
-    for s0 in range(0, num_splits, SPLIT_BLOCK):
-        offs = s0 + tl.arange(0, SPLIT_BLOCK)
-        mask = offs < num_splits
-        maxes = tl.load(max_ptr + offs, mask=mask, other=float("-inf"))
-        sums = tl.load(sum_ptr + offs, mask=mask, other=0.0)
-        new_max = tl.maximum(run_max, tl.max(maxes, 0))
-        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - safe) + tl.sum(sums * tl.exp(maxes - safe), 0)
-        run_max = new_max
-    return run_max, run_sum
+def noise_uniform(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab: int, *, salt: int = 0, stream: int = STREAM_DRAFT
+) -> torch.Tensor:
+    """The uniforms u [B, vocab] (fp32, in (0, 1)) that the samplers draw for
+    (seeds[b], positions[b], token, salt, stream): for tests and for users who
+    want to reproduce a draw. The hash runs in Triton on CUDA, in torch on CPU."""
+    check_tensor_arg("seeds", seeds, INDEX_DTYPES, rank=1)
+    check_tensor_arg("positions", positions, INDEX_DTYPES, shape=tuple(seeds.shape), device_of=seeds)
+    check_int_range("vocab", vocab, 0)
+    check_salt(salt)
+    check_int_range("stream", stream, 0, STREAM_SAMPLE)
+    return uniform_torch(_noise_bits_op(seeds.contiguous(), positions.contiguous(), vocab, salt, stream))

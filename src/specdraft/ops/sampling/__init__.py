@@ -1,0 +1,20 @@
+"""Sampling ops: draft-token sampling (draft.py) and rejection sampling of drafts
+against the target (rejection.py), both drawing the counter-based noise of noise.py
+and streaming the vocabulary with the scan loop of scan.py."""
+
+from .draft import draft_sample, draft_sample_reference, draft_sample_store_reference
+from .noise import STREAM_ACCEPT, STREAM_DRAFT, STREAM_SAMPLE, noise_bits_reference, noise_uniform
+from .rejection import rejection_sample, rejection_sample_reference
+
+__all__ = [
+    "STREAM_ACCEPT",
+    "STREAM_DRAFT",
+    "STREAM_SAMPLE",
+    "draft_sample",
+    "draft_sample_reference",
+    "draft_sample_store_reference",
+    "noise_bits_reference",
+    "noise_uniform",
+    "rejection_sample",
+    "rejection_sample_reference",
+]

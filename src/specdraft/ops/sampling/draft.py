@@ -1,0 +1,299 @@
+"""Draft-token sampling.
+
+Each request b samples one token from logits[b] [V]:
+- temperature[b] == 0 (or below): greedy, argmax with the first index on ties;
+- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log(-log u),
+  computed in base 2 as argmax(logits * log2(e) / T - log2(-log2 u)): the same
+  argmax (the base change scales every key by log2(e) and shifts it by a
+  constant), one multiply-add and two hardware log2 per token.
+
+The noise: noise.py (a pure function of seed, position, token, salt and stream,
+identical in Triton and torch).
+
+Unlike vLLM's `compute_probs_and_sample_next_token`, which ignores seeds, draws
+exponentials from the global RNG and materialises probs / q for the argmax, the
+kernels here stream the vocabulary (scan.py): online argmax, online softmax, no
+[B, V] temporaries. Each row is split across programs (CHUNK_V tokens each); a
+second tiny pass combines the per-program partials and, if asked, writes the
+probabilities. At V = 152k the hash, the two logs and the bf16 loads are then all
+that is left per token.
+
+The optional buffer write stores this step's processed logits (logits / T) or
+probabilities softmax(logits / T) into out[:, step, :], with `step` a device scalar
+read by the kernel, so one CUDA graph replays every draft step. Greedy rows use
+T = 1 for what they store. A step outside [0, K) writes nothing.
+"""
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_choice, check_tensor_arg
+
+from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
+from . import noise
+from .scan import (
+    BLOCK_V,
+    CHUNK_V,
+    DRAFT_BLOCK_V,
+    DRAFT_NUM_WARPS,
+    FAST_LOG2,
+    NUM_WARPS,
+    SPLIT_BLOCK,
+    check_request_params,
+    combine_argmax,
+    combine_softmax,
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    scan_vocab,
+    softmax_update,
+)
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _draft_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
+    """One block of scan_vocab: the per-lane argmax of the keys (logits * gain, plus
+    base-2 Gumbel noise if NOISE), online-softmax statistics of logits / scale
+    (WRITE == 1) or their store (WRITE == 2)."""
+    NOISE: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
+    WRITE: tl.constexpr = FLAGS[1]
+    FAST: tl.constexpr = FLAGS[2]
+    best, best_idx, run_max, run_sum = acc
+    gain, key, scale, out_row, out_limit = args
+    if NOISE:
+        keys = noise.gumbel_keys(x, idx, gain, key, FAST)
+    else:
+        keys = x * gain
+    best, best_idx = lane_argmax_update(best, best_idx, keys, idx)
+    if WRITE == 1:
+        run_max, run_sum = softmax_update(run_max, run_sum, x / scale)
+    if WRITE == 2:
+        tl.store(out_row + idx, x / scale, mask=idx < out_limit)
+    return best, best_idx, run_max, run_sum
+
+
+@triton.jit
+def _draft_partials_kernel(
+    logits_ptr, temperature_ptr, seeds_ptr, positions_ptr,
+    out_ptr, step_ptr,  # WRITE == 2: logits / T stored at out[:, step]
+    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, chunk)
+    vocab, num_splits, num_steps,
+    SALT_KEY: tl.constexpr,
+    WRITE: tl.constexpr,  # 0: nothing, 1: probs (stats here, values in pass 2), 2: logits
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temp = tl.load(temperature_ptr + row).to(tl.float32)
+    greedy = temp <= 0
+    scale = tl.where(greedy, 1.0, temp)
+    gain = noise.gumbel_gain(temp)
+    key = noise.row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
+    row_ptr = logits_ptr + row * vocab
+    out_row, out_limit = out_ptr, 0
+    if WRITE == 2:
+        step = tl.load(step_ptr).to(tl.int64)
+        # A step outside [0, K) stores nothing: every store index fails idx < 0.
+        out_limit = tl.where((step >= 0) & (step < num_steps), vocab, 0)
+        out_row = out_ptr + (row * num_steps + step) * vocab
+
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, vocab)
+    best, best_idx = lane_argmax_init(start, BLOCK)
+    acc = (best, best_idx, tl.full([], float("-inf"), tl.float32), tl.full([], 0.0, tl.float32))
+    args = (gain, key, scale, out_row, out_limit)
+    # The greedy / random branch outside the token loop: each loop body is straight-line code.
+    if greedy:
+        best, best_idx, run_max, run_sum = scan_vocab(
+            row_ptr, row_ptr, start, end, acc, args, _draft_step, (False, WRITE, FAST_LOG2), False, BLOCK
+        )
+    else:
+        best, best_idx, run_max, run_sum = scan_vocab(
+            row_ptr, row_ptr, start, end, acc, args, _draft_step, (True, WRITE, FAST_LOG2), False, BLOCK
+        )
+    best, best_idx = lane_argmax_finish(best, best_idx)
+
+    part = row * num_splits + split
+    tl.store(part_key_ptr + part, best)
+    tl.store(part_idx_ptr + part, best_idx)
+    if WRITE == 1:
+        tl.store(part_max_ptr + part, run_max)
+        tl.store(part_sum_ptr + part, run_sum)
+
+
+@triton.jit
+def _draft_finish_kernel(
+    logits_ptr, temperature_ptr, tokens_ptr, out_ptr, step_ptr,
+    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the partials kernel's
+    vocab, num_splits, num_steps,
+    WRITE_PROBS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    parts = row * num_splits
+    if split == 0:
+        _, token = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        tl.store(tokens_ptr + row, token)
+    if WRITE_PROBS:
+        step = tl.load(step_ptr).to(tl.int64)
+        # A step outside [0, K) stores nothing: every store index fails idx < 0.
+        out_limit = tl.where((step >= 0) & (step < num_steps), vocab, 0)
+        out_row = out_ptr + (row * num_steps + step) * vocab
+        run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+        temp = tl.load(temperature_ptr + row).to(tl.float32)
+        scale = tl.where(temp <= 0, 1.0, temp)
+        row_ptr = logits_ptr + row * vocab
+        for off in range(split * CHUNK, tl.minimum(split * CHUNK + CHUNK, vocab), BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < vocab
+            z = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / scale
+            tl.store(out_row + idx, tl.exp(z - run_max) / run_sum, mask=idx < out_limit)
+
+
+# ------------------------------------------------------------------------ references
+
+
+def _scaled_logits(logits: torch.Tensor, temperature: torch.Tensor):
+    """(logits / T in fp32, greedy mask); greedy rows are divided by 1."""
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    return logits.float() / scale[:, None], greedy
+
+
+def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0) -> torch.Tensor:
+    token = torch.arange(logits.shape[-1], device=logits.device)
+    key = noise.row_key_torch(seeds, positions, noise.salt_key(salt, noise.STREAM_DRAFT))
+    bits = noise.noise_bits_torch(key[:, None], token)
+    keys = logits.float() * noise.gumbel_gain_torch(temperature)[:, None]
+    keys = torch.where((temperature <= 0)[:, None], keys, keys + noise.gumbel2_torch(bits))
+    return keys.argmax(-1).to(torch.int32)
+
+
+def store_step_reference(out: torch.Tensor, step: torch.Tensor, values: torch.Tensor) -> None:
+    """out[:, step] = values when 0 <= step < K, else nothing; no host sync.
+
+    A whole-buffer select rather than index_copy_ at a clamped step: under
+    Inductor (torch 2.13, CPU) the index_copy_ form was miscompiled, a later op in
+    the same graph read the buffer's old values."""
+    steps = torch.arange(out.shape[1], device=out.device)
+    out.copy_(torch.where((steps == step)[None, :, None], values.unsqueeze(1).to(out.dtype), out))
+
+
+def draft_sample_store_reference(logits, temperature, seeds, positions, out, step, salt: int, write_probs: bool):
+    tokens = draft_sample_reference(logits, temperature, seeds, positions, salt)
+    z, _ = _scaled_logits(logits, temperature)
+    store_step_reference(out, step, torch.softmax(z, -1) if write_probs else z)
+    return tokens
+
+
+# -------------------------------------------------------------------------- the ops
+
+
+def _partials(num_reqs: int, num_splits, device, with_softmax: bool):
+    key = torch.empty((num_reqs, num_splits), dtype=torch.float32, device=device)
+    idx = torch.empty((num_reqs, num_splits), dtype=torch.int32, device=device)
+    if not with_softmax:
+        return key, idx, key, key  # unused pointers
+    return key, idx, torch.empty_like(key), torch.empty_like(key)
+
+
+def _launch_draft(logits, temperature, seeds, positions, out, step, salt: int, write: int) -> torch.Tensor:
+    num_reqs, vocab = logits.shape
+    tokens = torch.empty((num_reqs,), dtype=torch.int32, device=logits.device)
+    if num_reqs == 0:
+        return tokens
+    num_splits = cdiv(vocab, CHUNK_V)
+    part_key, part_idx, part_max, part_sum = _partials(num_reqs, num_splits, logits.device, write == 1)
+    out_ptr = logits if out is None else out
+    step_ptr = seeds if step is None else step
+    num_steps = 1 if out is None else out.shape[1]
+    wrap_triton(_draft_partials_kernel)[(num_reqs, num_splits)](
+        logits, temperature, seeds, positions, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
+        vocab, num_splits, num_steps,
+        SALT_KEY=noise.salt_key(salt, noise.STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=DRAFT_BLOCK_V,
+        FAST_LOG2=FAST_LOG2, num_warps=DRAFT_NUM_WARPS,
+    )  # fmt: skip
+    wrap_triton(_draft_finish_kernel)[(num_reqs, num_splits if write == 1 else 1)](
+        logits, temperature, tokens, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
+        vocab, num_splits, num_steps,
+        WRITE_PROBS=write == 1, CHUNK=CHUNK_V, BLOCK=BLOCK_V, SPLIT_BLOCK=SPLIT_BLOCK, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return tokens
+
+
+@triton_op(f"{NAMESPACE}::draft_sample", mutates_args=())
+def _draft_sample_op(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    salt: int,
+) -> torch.Tensor:
+    if not use_triton(logits):
+        return draft_sample_reference(logits, temperature, seeds, positions, salt)
+    return _launch_draft(logits, temperature, seeds, positions, None, None, salt, 0)
+
+
+@triton_op(f"{NAMESPACE}::draft_sample_store", mutates_args=("out",))
+def _draft_sample_store_op(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+    step: torch.Tensor,
+    salt: int,
+    write_probs: bool,
+) -> torch.Tensor:
+    if not use_triton(logits):
+        return draft_sample_store_reference(logits, temperature, seeds, positions, out, step, salt, write_probs)
+    return _launch_draft(logits, temperature, seeds, positions, out, step, salt, 1 if write_probs else 2)
+
+
+# ---------------------------------------------------------------- public wrapper
+
+
+def draft_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    salt: int = 0,
+    probs_out: torch.Tensor | None = None,
+    step: torch.Tensor | None = None,
+    write: str = "probs",
+) -> torch.Tensor:
+    """Sample one draft token per request; returns token ids [B] int32.
+
+    logits [B, V] (fp32 / bf16 / fp16, contiguous); temperature [B] fp32: 0 means
+    greedy (argmax, first index on ties), T > 0 samples softmax(logits / T) by
+    Gumbel-max with noise from the counter-based hash of (seeds[b], positions[b],
+    token, salt) — the same token on CPU and CUDA (up to float near-ties).
+    Negative temperatures are a contract violation (`check_draft_sample_values`
+    in specdraft.testing finds them); the op treats them as greedy.
+
+    probs_out [B, K, V] fp32 with step (0-dim int tensor on the device): also
+    store this step's softmax(logits / T) (write="probs") or logits / T
+    (write="logits") into probs_out[:, step, :]; greedy rows store with T = 1.
+    """
+    check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous=True)
+    num_reqs, vocab = logits.shape
+    check_request_params(num_reqs, temperature, seeds, positions, device_of=logits)
+    noise.check_salt(salt)
+    if probs_out is None:
+        if step is not None:
+            raise ValueError("step is only used with probs_out; pass probs_out too")
+        return _draft_sample_op(logits, temperature, seeds, positions, salt)
+
+    check_choice("write", write, ("probs", "logits"))
+    check_tensor_arg(
+        "probs_out", probs_out, torch.float32, shape=(num_reqs, at_least(1, "K"), vocab), contiguous=True,
+        distinct_from={"logits": logits}, device_of=logits,
+    )  # fmt: skip
+    if step is None:
+        raise ValueError("step (a 0-dim int tensor on the device) is required with probs_out")
+    check_tensor_arg("step", step, INDEX_DTYPES, rank=0, device_of=logits)
+    return _draft_sample_store_op(logits, temperature, seeds, positions, probs_out, step, salt, write == "probs")
