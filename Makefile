@@ -1,18 +1,22 @@
 # make test  : fresh machine -> .venv, pinned CPU torch, triton, the project; lint,
-#              CPU suites, then the Triton-interpreter suite.
+#              the wheel smoke step, the CPU suites, then the Triton-interpreter suite.
 # make demo  : the main job, compiled, on a small batch.
 # make gpu-test : the same suites with CUDA tensors, system python, no network.
+#
+# Lanes are chosen by marker alone, over all of tests/ (see tests/conftest.py):
+# interpreter / kernel / cuda. docs/design.md explains them.
 
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV ?= .venv
+SMOKE_VENV ?= .venv-smoke
 PY := $(VENV)/bin/python
 PYTEST_FLAGS ?= -q
 # Two workers: CI has two cores, and compile tests are CPU-bound.
 XDIST ?= -n 2
 STAMP := $(VENV)/.specdraft-installed
 
-.PHONY: install lint test test-cpu test-interpreter demo gpu-test gpu-bench clean
+.PHONY: install lint wheel-smoke test test-cpu test-interpreter demo gpu-test gpu-bench clean
 
 # torch goes in first and pinned: a plain `torch` requirement in a fresh venv would
 # pull the registry's newest build with several GB of CUDA packages.
@@ -29,6 +33,12 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# Ship what we test: the built wheel, installed in its own venv (torch, no hypothesis,
+# no triton), imports every module from outside the tree and runs the demo. The venv
+# is kept between runs; see the script.
+wheel-smoke:
+	PYTHON="$(PYTHON)" TORCH_SPEC="$(TORCH_SPEC)" SMOKE_VENV="$(SMOKE_VENV)" bash .ci/wheel_smoke.sh
+
 test-cpu: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" tests
 
@@ -36,7 +46,7 @@ test-cpu: $(STAMP)
 test-interpreter: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" tests
 
-test: lint test-cpu test-interpreter
+test: lint wheel-smoke test-cpu test-interpreter
 
 demo: $(STAMP)
 	$(PY) -m specdraft.demo
@@ -57,4 +67,4 @@ gpu-bench:
 	$(PYTHON) benchmarks/bench_propose.py --k 5
 
 clean:
-	rm -rf $(VENV) build *.egg-info .hypothesis .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SMOKE_VENV) build *.egg-info src/*.egg-info .hypothesis .pytest_cache .ruff_cache

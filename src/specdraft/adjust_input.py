@@ -1,9 +1,14 @@
-"""The multi-layer EAGLE adjust-input step (reference 000), on specdraft's ops.
+"""The multi-layer EAGLE adjust-input step, on specdraft's ops.
 
-Before the multi-layer draft pass, each request's window is shifted right so that
-it ends at the token to sample; the vacated prefix comes from a per-request cache
-of the previous step's tail (token ids, positions, slot mapping, hidden states),
-which is then refreshed. No host sync: compiles under fullgraph=True.
+After verification a request's window may extend past its token to sample (the
+rejected drafts). Before the multi-layer draft pass, each window is shifted right
+by `shift` = min(tokens after the sample index, the window's first position,
+cached_len), so that it ends at the token to sample; its first `shift` rows come
+from a per-request cache of the previous step's tail (token ids, positions, slot
+mapping, hidden states; M-RoPE positions move as a whole). The sample index moves
+right by the same shift and seq_len shrinks by it. The cache is then refreshed with
+the last min(MAX_SHIFT, rows up to the sample) rows of the shifted window. No host
+sync: compiles under fullgraph=True (docs/design.md, "No host sync").
 """
 
 from dataclasses import dataclass
@@ -16,7 +21,10 @@ from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden, shift_plan
 
 @dataclass
 class ShiftCache:
-    """Per-request tails kept between steps. Updated in place by `adjust_input`."""
+    """Per-request tails kept between steps: row b holds the last cached_lens[b]
+    rows (at most MAX_SHIFT) of request b's previous shifted window, ending at its
+    sampled token. Row b is batch row b across calls; zero cached_lens[b] for a new
+    request. Updated in place by `adjust_input`."""
 
     token_ids: torch.Tensor  # [B, MAX_SHIFT], dtype of the token ids
     positions: torch.Tensor  # [B, MAX_SHIFT] int64, or [3, B, MAX_SHIFT] for M-RoPE
@@ -65,10 +73,18 @@ def adjust_input(
 ) -> AdjustedInput:
     """Shift every request's window to end at its token to sample.
 
+    shift[b] = min(window end - 1 - token_indices_to_sample[b], first position of
+    window b, cache.cached_lens[b]), never negative: a window at position 0 (a
+    prefill) or with an empty cache does not move. Row i of the shifted window is
+    cached row cached_len - shift + i for i < shift, else input row i - shift.
+
     Returns shifted copies (inputs are not modified; rows past the batch are copied
-    unchanged) with the moved sample indices and shortened seq_lens; `cache` is
-    refreshed in place for the next step. `max_query_len` (a Python int bound on the
-    window lengths) keeps the kernels' grids small; default: the token count.
+    unchanged), the sample indices moved by shift and seq_lens shortened by it, and
+    the shifts; `cache` is refreshed in place for the next step.
+    token_indices_to_sample=None means each window's last token (shift 0).
+    slot_mapping must be given exactly when the cache keeps slot mappings.
+    `max_query_len` (a Python int bound on the window lengths) keeps the kernels'
+    grids small; default: the token count.
     """
     if (slot_mapping is None) != (cache.slot_mapping is None):
         raise ValueError("slot_mapping must be given exactly when the cache keeps slot mappings")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Ship what we test: build the wheel, install it (not editable) into a venv that has
+# torch but neither hypothesis nor triton, import every module of the installed
+# package from outside the source tree, then run the demo.
+#
+# The venv is kept between runs (torch is most of its install time) and rebuilt when
+# its inputs change: the python, TORCH_SPEC, pyproject.toml (the dependencies) or
+# this script. The wheel is rebuilt and reinstalled every run, from a copy of the
+# tree, so no stale build/ folder can ship a module the source no longer has.
+#
+# Environment: PYTHON (creates the venv; default python3), TORCH_SPEC (default
+# torch==2.13.0), SMOKE_VENV (default .venv-smoke in the repository root).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+SMOKE_VENV=${SMOKE_VENV:-$ROOT/.venv-smoke}
+case "$SMOKE_VENV" in /*) ;; *) SMOKE_VENV=$ROOT/$SMOKE_VENV ;; esac
+PY=$SMOKE_VENV/bin/python
+
+key="$("$PYTHON" -c 'import sys; print(sys.version)') | $TORCH_SPEC | $(cksum < "$0") | $(cksum < "$ROOT/pyproject.toml")"
+if [ ! -x "$PY" ] || [ "$(cat "$SMOKE_VENV/.smoke-key" 2>/dev/null)" != "$key" ]; then
+    echo "wheel-smoke: creating $SMOKE_VENV ($TORCH_SPEC, no hypothesis, no triton)"
+    rm -rf "$SMOKE_VENV"
+    "$PYTHON" -m venv "$SMOKE_VENV"
+    # torch first and pinned: a bare `torch` requirement would pull the CUDA build.
+    "$PY" -m pip install -q "$TORCH_SPEC"
+    echo "$key" > "$SMOKE_VENV/.smoke-key"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The files a commit would hold: tracked and untracked-but-not-ignored (a clean
+# clone has only the former). Outside git, the tree itself.
+mkdir "$work/src"
+if git -C "$ROOT" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    # (Skipping files deleted but not yet staged, and the smoke venv wherever it is.)
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do
+            case "$ROOT/$f" in "$SMOKE_VENV"/*) continue ;; esac
+            [ -e "$f" ] && printf '%s\0' "$f"
+        done | tar --null -T - -cf -) | tar -xf - -C "$work/src"
+else
+    (cd "$ROOT" && tar --exclude=./build --exclude='./.venv*' -cf - .) | tar -xf - -C "$work/src"
+fi
+
+"$PY" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
+wheel=$(ls "$work"/dist/specdraft-*.whl)
+# With its declared dependencies (so a missing one fails here, not for a user), but
+# torch held at TORCH_SPEC: the resolver must not swap in the CUDA build.
+echo "$TORCH_SPEC" > "$work/constraints.txt"
+"$PY" -m pip uninstall -q -y specdraft 2> /dev/null || true
+"$PY" -m pip install -q -c "$work/constraints.txt" "$wheel"
+echo "wheel-smoke: installed $(basename "$wheel")"
+
+# From a folder outside the source tree, so only the installed package can be found.
+cd "$work"
+"$PY" "$ROOT/.ci/smoke_imports.py" "$work/src/src/specdraft"
+"$PY" -m specdraft.demo

@@ -1,0 +1,87 @@
+"""The README's examples run as written, on CPU.
+
+Every ```python block is run on its own, in a fresh namespace (each block is meant
+to be copied alone, so none may lean on an earlier one's names), in README order.
+When a ```text block follows a python block directly, it is that block's output:
+what the block prints must equal it. Blocks not meant to run are ```bash or ```text.
+
+Also checked: every fenced block says its language, and every repository path the
+README names in backticks exists (a moved test file leaves no stale pointer).
+"""
+
+import contextlib
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+LANGUAGES = {"python", "bash", "text"}
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+@dataclass
+class Block:
+    language: str
+    line: int  # 1-based line of the opening fence
+    source: str
+    output: str | None = None  # the ```text block right after a python block
+
+
+def blocks(text: str) -> list[Block]:
+    found: list[Block] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        start, body = i, []
+        i += 1
+        while i < len(lines) and lines[i] != "```":
+            body.append(lines[i])
+            i += 1
+        if i == len(lines):
+            raise AssertionError(f"README.md:{start + 1}: the fence is never closed")
+        block = Block(match.group(1), start + 1, "\n".join(body) + "\n")
+        previous = found[-1] if found else None
+        # Output: a text block separated from its python block by blank lines only.
+        if block.language == "text" and previous is not None and previous.language == "python":
+            between = lines[previous.line + previous.source.count("\n") : start]
+            if all(not line.strip() for line in between):
+                previous.output = block.source
+        found.append(block)
+        i += 1
+    return found
+
+
+ALL = blocks(README.read_text())
+PYTHON = [b for b in ALL if b.language == "python"]
+
+
+def test_every_block_says_its_language():
+    bad = [f"README.md:{b.line}: ```{b.language}" for b in ALL if b.language not in LANGUAGES]
+    assert not bad, f"use one of {sorted(LANGUAGES)}: {bad}"
+    assert PYTHON, "the README has no python examples"
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=[f"line{b.line}" for b in PYTHON])
+def test_python_block_runs(block):
+    # Compiled with the README's name and line numbers, so a traceback points there.
+    code = compile("\n" * (block.line) + block.source, str(README), "exec")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        exec(code, {"__name__": f"readme_line{block.line}"})
+    if block.output is not None:
+        assert stdout.getvalue() == block.output, f"README.md:{block.line}: the output shown below the block differs"
+
+
+def test_named_paths_exist():
+    paths = re.findall(r"`((?:src|tests|benchmarks|docs|scripts|\.ci)/[\w./-]*)`", README.read_text())
+    paths += re.findall(r"\]\(((?:src|tests|benchmarks|docs|scripts)/[\w./-]*)\)", README.read_text())
+    missing = sorted({p for p in paths if not (ROOT / p).exists()})
+    assert not missing, f"README names paths that do not exist: {missing}"
