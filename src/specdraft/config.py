@@ -54,9 +54,14 @@ class SpeculativeConfig:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {self.draft_sampling!r}")
         if self.return_probs not in PROBS_KINDS:
             raise ValueError(f"return_probs must be one of {PROBS_KINDS}, got {self.return_probs!r}")
-        if self.parallel_drafting and self.parallel_drafting_token_id is None:
+        if not isinstance(self.parallel_drafting, bool):
+            raise ValueError(f"parallel_drafting must be a bool, got {self.parallel_drafting!r}")
+        token = self.parallel_drafting_token_id
+        if self.parallel_drafting and token is None:
             raise ValueError("parallel_drafting_token_id must be set when parallel_drafting is on")
-        if not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+            raise ValueError(f"parallel_drafting_token_id must be a non-negative int, got {token!r}")
+        if isinstance(self.salt, bool) or not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
             raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
 
 
