@@ -30,7 +30,21 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_choice, check_tensor_arg
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
-from . import noise
+
+# Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
+# calls, and a module attribute (noise.x) is not carried along.
+from .noise import (
+    STREAM_DRAFT,
+    check_salt,
+    gumbel2_torch,
+    gumbel_gain,
+    gumbel_gain_torch,
+    gumbel_keys,
+    noise_bits_torch,
+    row_key,
+    row_key_torch,
+    salt_key,
+)
 from .scan import (
     BLOCK_V,
     CHUNK_V,
@@ -63,7 +77,7 @@ def _draft_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
     best, best_idx, run_max, run_sum = acc
     gain, key, scale, out_row, out_limit = args
     if NOISE:
-        keys = noise.gumbel_keys(x, idx, gain, key, FAST)
+        keys = gumbel_keys(x, idx, gain, key, FAST)
     else:
         keys = x * gain
     best, best_idx = lane_argmax_update(best, best_idx, keys, idx)
@@ -89,8 +103,8 @@ def _draft_partials_kernel(
     temp = tl.load(temperature_ptr + row).to(tl.float32)
     greedy = temp <= 0
     scale = tl.where(greedy, 1.0, temp)
-    gain = noise.gumbel_gain(temp)
-    key = noise.row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
+    gain = gumbel_gain(temp)
+    key = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
     row_ptr = logits_ptr + row * vocab
     out_row, out_limit = out_ptr, 0
     if WRITE == 2:
@@ -164,10 +178,10 @@ def _scaled_logits(logits: torch.Tensor, temperature: torch.Tensor):
 
 def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0) -> torch.Tensor:
     token = torch.arange(logits.shape[-1], device=logits.device)
-    key = noise.row_key_torch(seeds, positions, noise.salt_key(salt, noise.STREAM_DRAFT))
-    bits = noise.noise_bits_torch(key[:, None], token)
-    keys = logits.float() * noise.gumbel_gain_torch(temperature)[:, None]
-    keys = torch.where((temperature <= 0)[:, None], keys, keys + noise.gumbel2_torch(bits))
+    key = row_key_torch(seeds, positions, salt_key(salt, STREAM_DRAFT))
+    bits = noise_bits_torch(key[:, None], token)
+    keys = logits.float() * gumbel_gain_torch(temperature)[:, None]
+    keys = torch.where((temperature <= 0)[:, None], keys, keys + gumbel2_torch(bits))
     return keys.argmax(-1).to(torch.int32)
 
 
@@ -212,7 +226,7 @@ def _launch_draft(logits, temperature, seeds, positions, out, step, salt: int, w
     wrap_triton(_draft_partials_kernel)[(num_reqs, num_splits)](
         logits, temperature, seeds, positions, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
         vocab, num_splits, num_steps,
-        SALT_KEY=noise.salt_key(salt, noise.STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=DRAFT_BLOCK_V,
+        SALT_KEY=salt_key(salt, STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=DRAFT_BLOCK_V,
         FAST_LOG2=FAST_LOG2, num_warps=DRAFT_NUM_WARPS,
     )  # fmt: skip
     wrap_triton(_draft_finish_kernel)[(num_reqs, num_splits if write == 1 else 1)](
@@ -282,7 +296,7 @@ def draft_sample(
     check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous=True)
     num_reqs, vocab = logits.shape
     check_request_params(num_reqs, temperature, seeds, positions, device_of=logits)
-    noise.check_salt(salt)
+    check_salt(salt)
     if probs_out is None:
         if step is not None:
             raise ValueError("step is only used with probs_out; pass probs_out too")

@@ -36,7 +36,28 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
-from . import noise
+
+# Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
+# calls, and a module attribute (noise.x) is not carried along.
+from .noise import (
+    STREAM_ACCEPT,
+    STREAM_SAMPLE,
+    check_salt,
+    exp2,
+    exponential2,
+    exponential2_torch,
+    gumbel2_torch,
+    gumbel_gain,
+    gumbel_gain_torch,
+    noise_bits,
+    noise_bits_torch,
+    rcp,
+    row_key,
+    row_key_torch,
+    salt_key,
+    uniform,
+    uniform_torch,
+)
 from .scan import (
     FAST_LOG2,
     RS_LARGE_FROM,
@@ -70,11 +91,11 @@ def _residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
     race, race_idx, fall, fall_idx = acc
     gain, max2, inv_sum, key, end, rejected = args
     mask = idx < end
-    p = noise.exp2(x * gain - max2, FAST) * inv_sum
+    p = exp2(x * gain - max2, FAST) * inv_sum
     if not HAS_DRAFT_PROBS:
         q = (idx == rejected).to(tl.float32)
     # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
-    inv_e = noise.rcp(noise.exponential2(noise.noise_bits(key, idx), FAST), FAST)
+    inv_e = rcp(exponential2(noise_bits(key, idx), FAST), FAST)
     race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
     fall_keys = tl.where(mask, p * inv_e, float("-inf"))
     race, race_idx = lane_argmax_update(race, race_idx, race_keys, idx)
@@ -112,7 +133,7 @@ def _rs_stats_kernel(
             lane_max = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)  # finite: -inf - -inf is NaN
             lane_sum = tl.zeros([BLOCK], tl.float32)
             lane_max, lane_sum = scan_vocab(
-                row_ptr, row_ptr, start, end, (lane_max, lane_sum), noise.gumbel_gain(temp), lane_softmax_step,
+                row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step,
                 FAST_LOG2, False, BLOCK,
             )  # fmt: skip
             run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
@@ -143,7 +164,7 @@ def _accepts(
             q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
         else:
             q = 1.0
-        u = noise.uniform(noise.noise_bits(noise.row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
+        u = uniform(noise_bits(row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
         accept = (valid & (u * q <= p)).to(tl.int32)
     return accept
 
@@ -196,7 +217,7 @@ def _rs_chain_kernel(
         tl.store(counts_ptr + req, count)
 
     if not greedy:
-        key = noise.row_key(seed, position + count, SAMPLE_KEY)
+        key = row_key(seed, position + count, SAMPLE_KEY)
         row_ptr = logits_ptr + row * vocab
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, vocab)
@@ -206,14 +227,14 @@ def _rs_chain_kernel(
             run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
             rejected = tl.load(draft_base + count).to(tl.int64)
             q_ptr = draft_probs_ptr + (req * num_spec + count) * vocab
-            args = (noise.gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected)
+            args = (gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected)
             race, race_idx, fall, fall_idx = scan_vocab(
                 row_ptr, q_ptr, start, end, (race, race_idx, fall, fall_idx), args, _residual_race_step,
                 (HAS_DRAFT_PROBS, FAST_LOG2), HAS_DRAFT_PROBS, BLOCK,
             )  # fmt: skip
         else:  # all accepted: the bonus token
             race, race_idx = scan_vocab(
-                row_ptr, row_ptr, start, end, (race, race_idx), (noise.gumbel_gain(temp), key), gumbel_step, FAST_LOG2,
+                row_ptr, row_ptr, start, end, (race, race_idx), (gumbel_gain(temp), key), gumbel_step, FAST_LOG2,
                 False, BLOCK,
             )  # fmt: skip
         race, race_idx = lane_argmax_finish(race, race_idx)
@@ -273,29 +294,27 @@ def rejection_sample_reference(
     # Acceptance of every draft, then the leading run of accepted ones.
     p_x = p[:, :num_spec].gather(2, safe)[..., 0]
     q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.float().gather(2, safe)[..., 0]
-    accept_keys = noise.row_key_torch(
-        seeds[:, None], positions.long()[:, None] + steps, noise.salt_key(salt, noise.STREAM_ACCEPT)
-    )
-    u = noise.uniform_torch(noise.noise_bits_torch(accept_keys, torch.zeros_like(accept_keys)))
+    accept_keys = row_key_torch(seeds[:, None], positions.long()[:, None] + steps, salt_key(salt, STREAM_ACCEPT))
+    u = uniform_torch(noise_bits_torch(accept_keys, torch.zeros_like(accept_keys)))
     accept = torch.where(greedy[:, None], draft == target_argmax[:, :num_spec], valid & (u * q_x <= p_x))
     accept = accept & (steps < num_draft[:, None])
     count = accept.long().cumprod(1).sum(1)  # [B]
 
     # The emitted token comes from row `count`: recovered if count < n, else the bonus.
     token = torch.arange(vocab, device=device)
-    sample_keys = noise.row_key_torch(seeds, positions.long() + count, noise.salt_key(salt, noise.STREAM_SAMPLE))
-    bits = noise.noise_bits_torch(sample_keys[:, None], token)
+    sample_keys = row_key_torch(seeds, positions.long() + count, salt_key(salt, STREAM_SAMPLE))
+    bits = noise_bits_torch(sample_keys[:, None], token)
     p_c = _gather_rows(p, count)
     q_row = count.clamp(max=num_spec - 1)
     if draft_probs is None:
         q_c = (token == draft.gather(1, q_row[:, None])).float()
     else:
         q_c = _gather_rows(draft_probs.float(), q_row)
-    e = noise.exponential2_torch(bits)  # E / ln 2: the same winners as E
+    e = exponential2_torch(bits)  # E / ln 2: the same winners as E
     race = (p_c - q_c).clamp(min=0) / e
     recovered = torch.where((race > 0).any(-1), race.argmax(-1), (p_c / e).argmax(-1))
-    gumbel_keys = _gather_rows(x, count) * noise.gumbel_gain_torch(temperature)[:, None] + noise.gumbel2_torch(bits)
-    bonus = gumbel_keys.argmax(-1)
+    bonus_keys = _gather_rows(x, count) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits)
+    bonus = bonus_keys.argmax(-1)
     random_token = torch.where(count < num_draft, recovered, bonus)
     emitted = torch.where(greedy, target_argmax.gather(1, count[:, None])[:, 0], random_token)
 
@@ -337,7 +356,7 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
         vocab, num_spec, num_splits,
-        ACCEPT_KEY=noise.salt_key(salt, noise.STREAM_ACCEPT), SAMPLE_KEY=noise.salt_key(salt, noise.STREAM_SAMPLE),
+        ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
         HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
@@ -407,7 +426,7 @@ def rejection_sample(
         device_of=draft_tokens, optional=True,
     )  # fmt: skip
     check_request_params(num_reqs, temperature, seeds, positions, device_of=draft_tokens)
-    noise.check_salt(salt)
+    check_salt(salt)
     return _rejection_sample_op(
         draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt
     )
