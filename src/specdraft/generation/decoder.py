@@ -9,6 +9,7 @@ it as one graph. The host reads one [2, B] tensor (done flags and token counts)
 per iteration, between iterations.
 """
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -172,7 +173,7 @@ class SpeculativeDecoder:
         if self.proposer is None:
             return state
         out = self.proposer.propose(token_ids, positions, draft_hidden, state.last_tokens, metadata, requests.sampling)
-        return state._replace(drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+        return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
 
     def _draft_probs(self, out):
         return out.draft_probs.contiguous() if self.use_draft_probs else None
@@ -207,7 +208,7 @@ class SpeculativeDecoder:
             verified.token_ids, verified.positions, verified.hidden_states, verified.sampled, cu_num_draft_tokens,
             verified.last_tokens, metadata, requests.sampling, discard_request_mask=verified.done,
         )  # fmt: skip
-        return state._replace(drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+        return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
 
     def iteration(self, state: DecodeState, requests: Requests) -> DecodeState:
         """One iteration: verify (target pass, rejection sampling, commit), then draft."""

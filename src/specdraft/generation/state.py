@@ -11,8 +11,8 @@ running as padding on a frozen state (same window every pass), so its outputs st
 while no shape changes.
 """
 
+import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -40,8 +40,10 @@ class Requests:
         return self.limits.shape[0]
 
 
-class DecodeState(NamedTuple):
-    """The batch between two iterations.
+@dataclass
+class DecodeState:
+    """The batch between two iterations (a dataclass: a NamedTuple built with _replace
+    inside the compiled iteration failed under torch 2.11 on CUDA).
 
     last_tokens [B] int32: each request's newest token, not yet in the target's cache.
     lens [B] int64: its position (= tokens in the target's cache).
@@ -126,7 +128,8 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
     k = state.accepted.shape[0]
     steps = torch.arange(k, device=tokens.device)
     accepted_now = active[:, None] & (counts.long()[:, None] > steps[None, :])
-    return state._replace(
+    return dataclasses.replace(
+        state,
         last_tokens=last_tokens,
         lens=lens,
         num_generated=num_generated,
