@@ -1,6 +1,6 @@
-"""opcheck for step_metadata (1-D and M-RoPE positions); several draft steps compiled
-with fullgraph=True equal eager (all four written buffers), with no graph break, and
-with dynamic=True compile once for several batch sizes."""
+"""opcheck for step_metadata (1-D and M-RoPE positions, the latter with seq_index);
+several draft steps compiled with fullgraph=True equal eager (all written buffers),
+with no graph break, and with dynamic=True compile once for several batch sizes."""
 
 import pytest
 import torch
@@ -25,29 +25,37 @@ def buffers(batch: int, device, mrope: bool, padding: int = 2) -> dict:
         .to(device),
         "slot_mapping": torch.full((batch + padding,), 12345, dtype=torch.int64, device=device),
         "clamped_positions": torch.full((3, batch) if mrope else (batch,), 12345, dtype=torch.int64, device=device),
+        # M-RoPE: the sequence index runs 40 ahead of the temporal row (an image before)
+        "seq_index": (pos + 40).to(device) if mrope else None,
     }
 
 
-def draft_steps(positions, seq_lens, block_table, slot_mapping, clamped_positions, block_size: int,
+def draft_steps(positions, seq_lens, block_table, slot_mapping, clamped_positions, seq_index, block_size: int,
                 max_model_len: int):  # fmt: skip
     for _ in range(STEPS):
         step_metadata(positions, seq_lens, block_table, slot_mapping, clamped_positions,
-                      block_size=block_size, max_model_len=max_model_len)  # fmt: skip
+                      block_size=block_size, max_model_len=max_model_len, seq_index=seq_index)  # fmt: skip
 
 
 def clone_all(d):
-    return {k: v.clone() for k, v in d.items()}
+    return {k: None if v is None else v.clone() for k, v in d.items()}
 
 
 def assert_same(eager, compiled):
     for k in eager:
-        torch.testing.assert_close(compiled[k], eager[k], rtol=0, atol=0, msg=k)
+        if eager[k] is not None:
+            torch.testing.assert_close(compiled[k], eager[k], rtol=0, atol=0, msg=k)
 
 
 @pytest.mark.parametrize("mrope", [False, True])
 def test_opcheck(device, mrope):
     b = buffers(6, device, mrope)
-    torch.library.opcheck(torch.ops.specdraft.step_metadata, (*b.values(), BLOCK_SIZE, MAX_MODEL_LEN))
+    seq_index = b.pop("seq_index")
+    if seq_index is None:
+        torch.library.opcheck(torch.ops.specdraft.step_metadata, (*b.values(), BLOCK_SIZE, MAX_MODEL_LEN))
+    else:
+        op = torch.ops.specdraft.step_metadata_indexed
+        torch.library.opcheck(op, (*b.values(), BLOCK_SIZE, MAX_MODEL_LEN, seq_index))
 
 
 def test_fullgraph_equals_eager_without_graph_breaks(device):

@@ -1,7 +1,8 @@
 """Parallel drafting (config.parallel_drafting): all K drafts from one pass, against
 a per-request oracle that builds the expanded sequence by hand ([kept tokens shifted
 by one, next token, K - 1 mask tokens], their positions and hidden states) and runs
-it through the model with a fresh cache."""
+it through the model with a fresh cache. (M-RoPE windows holding images:
+test_mrope_images.py.)"""
 
 import pytest
 import torch
@@ -27,8 +28,10 @@ def oracle_parallel(head, batch, rejected, greedy):
         kept = stop - start - rejected[b]  # tokens up to and including the last accepted
         ids = batch.target_token_ids[start + 1 : start + kept].tolist() + [int(batch.next_token_ids[b])]
         ids += [MASK_TOKEN] * (K - 1)
-        first = batch.target_positions[..., start : start + 1]
-        positions = first + torch.arange(kept + K - 1)
+        # Kept tokens keep their positions; the K - 1 mask slots continue every row of
+        # the last kept token's by one (text).
+        last = batch.target_positions[..., start + kept - 1 : start + kept]
+        positions = torch.cat([batch.target_positions[..., start : start + kept], last + torch.arange(1, K)], dim=-1)
         hidden = head.combine_hidden_states(batch.target_hidden_states[start : start + kept])
         hidden = torch.cat([hidden, hidden.new_zeros(K - 1, hidden.shape[1])])
         h_sample, _ = run_sequence(head, torch.tensor(ids, dtype=torch.int32), positions, hidden, spec_step_idx=0)

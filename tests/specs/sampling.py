@@ -36,11 +36,20 @@ def bits(key: int, token: int) -> int:
 
 
 def uniform(b: int) -> float:
+    """The acceptance tests' uniform, 23 bits."""
     return ((b >> 9) + 0.5) / 2**23
 
 
+def tail_complement(b: int) -> float | None:
+    """1 - (b + 0.5) / 2**32 where b's top 9 bits are set (a tail lane), else None."""
+    return ((b ^ MASK) + 0.5) / 2**32 if b >> 23 == 511 else None
+
+
 def exponential(b: int) -> float:
-    return -math.log(uniform(b))
+    """-log U, U = (b + 0.5) / 2**32: from the complement where U > 1 - 2**-9, else
+    from the 23-bit uniform."""
+    v = tail_complement(b)
+    return -math.log(uniform(b)) if v is None else -math.log1p(-v)
 
 
 def gumbel(b: int) -> float:
@@ -151,3 +160,14 @@ def normal_threshold(p: float = 1e-6) -> float:
 def chi_square(counts, probs) -> float:
     n = sum(counts)
     return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs, strict=True))
+
+
+def poisson_two_sided_p(count: int, mean: float) -> float:
+    """Two-sided p-value of `count` under Poisson(mean): twice the smaller tail."""
+
+    def pmf(k: int) -> float:
+        return math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
+
+    below = sum(pmf(k) for k in range(count + 1))
+    above = 1.0 - sum(pmf(k) for k in range(count))
+    return min(1.0, 2 * min(below, above))

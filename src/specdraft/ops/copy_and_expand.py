@@ -286,7 +286,10 @@ def copy_and_expand_inputs(
     """Expand the target batch into the parallel-drafting input layout.
 
     Inputs (T_in input tokens, possibly padded past query_start_loc[-1]; B requests):
-      target_token_ids [T_in], target_positions [T_in] (1-D): the target model's inputs.
+      target_token_ids [T_in], target_positions [T_in] (1-D): the target model's inputs;
+        the positions are what `new_slot_mapping` turns into KV slots, so they must be
+        each token's index in its sequence. With M-RoPE pass that index (seq_lens minus
+        the tokens after it in the window), not a rotary row: images compress those.
       next_token_ids [B]: each request's bonus token (the last accepted / sampled one).
       query_start_loc [B+1]: request windows, query_start_loc[0] == 0, every window
         at least one token.

@@ -204,7 +204,9 @@ def new_slot_mapping(
     """Slot mapping [T] (int64) of the expanded parallel-drafting layout.
 
     positions [T] (1-D) and is_rejected_token_mask [T] (bool, or None: nothing
-    rejected), as returned by `copy_and_expand_inputs`; query_start_loc [B+1]: the
+    rejected), as returned by `copy_and_expand_inputs`; positions are sequence
+    indices (for M-RoPE not the temporal row, which images compress: a slot there
+    would belong to an earlier token); query_start_loc [B+1]: the
     *expanded* windows (`extend_queries_by_n(...).query_start_loc`), starting at 0;
     block_table [B, W] (int32/int64, any strides), one row per request.
 

@@ -17,7 +17,9 @@ ids, positions and slots, and its next token (the one the target just sampled) i
 appended at the last kept position + 1 (`copy_and_expand_inputs` with one slot per
 request, no shift): T + B tokens. Rejected tokens follow as padding (position 0, no
 KV write). Bottom-right causality then needs seq_len + 1 per request. The next
-token's slot comes from `step_metadata` (clamped at max_model_len: position 0, PAD).
+token's slot comes from `step_metadata` at its index in the sequence (the kept
+seq_len; with M-RoPE not a positions row, which images compress), clamped at
+max_model_len: position 0, PAD.
 
 advance_draft_positions=False (Gemma4-style, constant positions): the first decode
 step places draft token 0 one position on, as usual; every later step feeds the
@@ -233,6 +235,7 @@ class AutoregressiveSpeculator(Proposer):
             clamped_positions=step.clamped_positions.clone(),
             hidden_states=step.hidden_states,
             batch=dataclasses.replace(step.batch, seq_lens=step.batch.seq_lens.clone()),
+            seq_index=None if step.seq_index is None else step.seq_index.clone(),
         )
         tokens = decode_n_tokens(
             self.model, self.kv_caches, state.first_tokens, own, state.sample, state.draft_step,

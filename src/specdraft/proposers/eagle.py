@@ -31,6 +31,21 @@ from specdraft.proposers.loop import (
 )
 
 
+def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
+    """[T] int64: each target token's index in its sequence, where its KV lives. A
+    window is the last tokens of its request's seq_lens; 1-D positions are that index
+    already, M-RoPE rows are not (an image advances them by less than its length).
+    Tokens past the batch get their own row number (their slots are padding anyway)."""
+    if target_positions.dim() == 1:
+        return target_positions
+    token = torch.arange(target_positions.shape[1], device=target_positions.device)
+    ends = query_start_loc[1:].long()
+    owner = window_of(token, ends)  # B past the batch: the appended zero entries
+    lens = torch.cat([seq_lens.long(), ends.new_zeros(1)])
+    ends = torch.cat([ends, ends.new_zeros(1)])
+    return lens.index_select(0, owner) - ends.index_select(0, owner) + token
+
+
 class EagleProposer(Proposer):
     """Drafts K tokens per request with an EAGLE-1, EAGLE-3 or MTP head
     (specdraft.models.heads): `propose`, or after verification `propose_padded` /
@@ -94,15 +109,17 @@ class EagleProposer(Proposer):
         K - 1 slots of config.parallel_drafting_token_id, its rejected tokens as
         padding]; drafts 0 .. K-1 are sampled from the next-token slot and the mask
         slots. The mask slots' hidden states are `mask_hidden` [H] (default zeros;
-        PARD-style heads learn one). Rejected slots write no KV. M-RoPE positions:
-        the new slots continue each row from the window's first position (text
-        tokens)."""
+        PARD-style heads learn one). Rejected slots write no KV. Slots and the
+        max_model_len limit follow each token's index in its sequence (the window
+        is the last tokens of seq_lens); with M-RoPE that is not a positions row
+        (images compress them). M-RoPE rotary positions: see `expanded_positions`."""
         check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
         metadata = bounded(metadata, self.config.block_size)
         k, num_reqs = self.num_speculative_tokens, metadata.num_reqs
         qsl = metadata.query_start_loc
+        seq_index = sequence_index(target_positions, qsl, metadata.seq_lens)
         expanded = copy_and_expand_inputs(
-            target_token_ids, first_row(target_positions).contiguous(), next_token_ids, qsl, num_rejected_tokens,
+            target_token_ids, seq_index, next_token_ids, qsl, num_rejected_tokens,
             num_padding_slots_per_request=k, parallel_drafting_token_id=self.config.parallel_drafting_token_id,
             shift_input_ids=True, max_query_len=metadata.max_query_len,
         )  # fmt: skip
@@ -129,20 +146,26 @@ class EagleProposer(Proposer):
         h_sample, _ = self.model(expanded.input_ids, positions, hidden, attn, self.kv_caches, spec_step_idx=0)
         index = expanded.new_token_indices.long()  # [B * K], request-major
         logits = self.model.compute_logits(h_sample.index_select(0, index), spec_step_idx=0)
-        token_positions = expanded.positions.index_select(0, index) + 1  # each draft's own position
+        token_positions = first_row(positions).index_select(0, index) + 1  # each draft's own position
         return self.sample_parallel(logits, token_positions, sampling, num_reqs)
 
     def expanded_positions(self, target_positions, expanded, query_start_loc, extended_query_start_loc):
+        """The rotary positions of the expanded window. 1-D: `expanded.positions`.
+        M-RoPE: a slot holding input token t's hidden state keeps t's rows (whatever
+        an image did to them); the parallel slots continue every row of the bonus
+        slot's (the last kept token's) by one per slot, as text does."""
         if target_positions.dim() == 1:
             return expanded.positions
-        # M-RoPE: every row continues from its own first position of the window.
-        starts = query_start_loc[:-1].long()
-        offsets = target_positions.index_select(1, starts) - target_positions[:1].index_select(1, starts)  # [3, B]
-        num_reqs = starts.shape[0]
-        slots = torch.arange(expanded.positions.shape[0], device=expanded.positions.device)
-        owner = window_of(slots, extended_query_start_loc[1:].long()).clamp(max=max(num_reqs - 1, 0))
-        shifted = expanded.positions[None] + offsets.index_select(1, owner)
-        return torch.where(expanded.is_rejected_token_mask[None], 0, shifted)
+        starts = query_start_loc.long()  # B + 1 entries: owner B is the tail past the batch
+        ext = extended_query_start_loc.long()
+        slots = torch.arange(expanded.positions.shape[0], device=ext.device)
+        owner = window_of(slots, ext[1:])
+        bonus = torch.cat([expanded.new_token_indices.long().view(-1, self.num_speculative_tokens)[:, 0], ext[-1:]])
+        j = slots - ext.index_select(0, owner)  # offset in the window
+        held = torch.minimum(j, bonus.index_select(0, owner) - ext.index_select(0, owner))
+        source = (starts.index_select(0, owner) + held).clamp(0, target_positions.shape[1] - 1)
+        rows = target_positions.index_select(1, source) + (j - held)[None]
+        return torch.where(expanded.is_rejected_token_mask[None], 0, rows)
 
     def expanded_hidden(self, target_hidden_states, expanded, mask_hidden):
         hidden = self.model.combine_hidden_states(target_hidden_states)

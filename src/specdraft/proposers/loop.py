@@ -43,13 +43,17 @@ class StepState:
     positions: [B] or [3, B] running positions of the token fed next (unclamped, so a
     request past max_model_len never wraps onto its own block 0); clamped_positions:
     what the model sees; hidden_states [B, H]; batch: the step's batch (one query
-    token per request: seq_lens, slot_mapping, max_seq_len advance every step).
+    token per request: seq_lens, slot_mapping, max_seq_len advance every step);
+    seq_index [B] int64 (M-RoPE only, else None): the fed token's running index in its
+    sequence, which decides the KV slot and the clamp (M-RoPE rows are compressed over
+    images, so none of them is that index; see `step_metadata`).
     """
 
     positions: torch.Tensor
     clamped_positions: torch.Tensor
     hidden_states: torch.Tensor
     batch: BatchMetadata
+    seq_index: torch.Tensor | None = None
 
 
 Advance = Callable[[StepState, int], None]
@@ -117,23 +121,28 @@ def single_token_batch(metadata: BatchMetadata, seq_lens, slot_mapping, max_seq_
 
 
 def first_step_state(positions, sample_index, seq_lens, hidden, metadata: BatchMetadata) -> StepState:
-    """The state before step 1: each request sits on its sampled token."""
+    """The state before step 1: each request sits on its sampled token, the last of
+    its seq_lens tokens (index seq_len - 1, whatever its M-RoPE positions say)."""
     sampled = rows(positions, sample_index)
     pad = torch.full((metadata.num_reqs,), PADDING_SLOT_ID, dtype=torch.int64, device=sampled.device)
     batch = single_token_batch(metadata, seq_lens.clone(), pad, metadata.max_seq_len)
-    return StepState(positions=sampled, clamped_positions=sampled, hidden_states=hidden, batch=batch)
+    seq_index = seq_lens.long() - 1 if positions.dim() == 2 else None
+    return StepState(positions=sampled, clamped_positions=sampled, hidden_states=hidden, batch=batch,
+                     seq_index=seq_index)  # fmt: skip
 
 
 def advance(state: StepState, step: int, *, block_size: int, max_model_len: int) -> None:
-    """The default rule: every request one token on: positions + 1 (clamped at
-    max_model_len: position 0, PAD slot), its KV slot from the block table, seq_len + 1."""
+    """The default rule: every request one token on: positions + 1, its KV slot from
+    the block table at its sequence index, seq_len + 1 (clamped where the index
+    reaches max_model_len: position 0, PAD slot, seq_len 1)."""
     batch = state.batch
     slots = torch.empty_like(batch.slot_mapping)
     clamped = torch.empty_like(state.positions)
     seq_lens = batch.seq_lens.clone()
     step_metadata(
-        state.positions, seq_lens, batch.block_table, slots, clamped, block_size=block_size, max_model_len=max_model_len
-    )
+        state.positions, seq_lens, batch.block_table, slots, clamped, block_size=block_size,
+        max_model_len=max_model_len, seq_index=state.seq_index,
+    )  # fmt: skip
     # A static bound (a Python int or SymInt), never read from the device.
     reach = batch.block_table.shape[1] * block_size
     max_seq_len = static_min(static_min(batch.max_seq_len + 1, max_model_len), reach)

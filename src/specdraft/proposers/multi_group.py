@@ -84,19 +84,21 @@ class GroupedBatchMetadata(BatchMetadata):
 
 
 def advance_groups(state: StepState, step: int, *, block_sizes: list[int], max_model_len: int) -> None:
-    """positions + 1 once; every group's slot from its own block table and block size.
-    Group 0's call advances positions and seq_lens; the other groups' calls work on
-    copies (they must see the positions before the step) and contribute only slots."""
+    """positions + 1 once; every group's slot from its own block table and block size,
+    at the token's sequence index (M-RoPE: state.seq_index, not a positions row).
+    Group 0's call advances positions, seq_index and seq_lens; the other groups' calls
+    work on copies (they must see the values before the step) and contribute only slots."""
     batch = state.batch
     slots: list[torch.Tensor] = [batch.slot_mapping] * len(block_sizes)
     for g in [*range(1, len(block_sizes)), 0]:  # group 0 last: it moves the positions in place
         positions = state.positions if g == 0 else state.positions.clone()
+        seq_index = state.seq_index if g == 0 or state.seq_index is None else state.seq_index.clone()
         seq_lens = batch.seq_lens.clone()
         slots[g] = torch.empty_like(batch.slot_mapping)
         clamped = torch.empty_like(state.positions)
         step_metadata(
             positions, seq_lens, batch.block_tables[g], slots[g], clamped,
-            block_size=block_sizes[g], max_model_len=max_model_len,
+            block_size=block_sizes[g], max_model_len=max_model_len, seq_index=seq_index,
         )  # fmt: skip
     state.clamped_positions = clamped
     # Each group's block-table reach caps its own layers (per_layer_attention).

@@ -2,10 +2,11 @@
 
 Each request b samples one token from logits[b] [V]:
 - temperature[b] == 0 (or below): greedy, argmax with the first index on ties;
-- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log(-log u),
-  computed in base 2 as argmax(logits * log2(e) / T - log2(-log2 u)): the same
-  argmax (the base change scales every key by log2(e) and shifts it by a
-  constant), one multiply-add and two hardware log2 per token.
+- temperature[b] > 0: Gumbel-max, argmax(logits / T + g) with g = -log E, E the
+  noise's Exp(1) draw (-log u, or its series in the far tail: noise.py), computed
+  in base 2 as argmax(logits * log2(e) / T - log2(E * log2(e))): the same argmax
+  (the base change scales every key by log2(e) and shifts it by a constant), one
+  multiply-add and two hardware log2 per token.
 
 The noise: noise.py (a pure function of seed, position, token, salt and stream,
 identical in Triton and torch).
@@ -93,7 +94,7 @@ def _draft_partials_kernel(
     logits_ptr, temperature_ptr, seeds_ptr, positions_ptr,
     out_ptr, step_ptr,  # WRITE == 2: logits / T stored at out[:, step]
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, chunk)
-    vocab, num_splits, num_steps,
+    vocab, row_stride, num_splits, num_steps,
     SALT_KEY: tl.constexpr,
     WRITE: tl.constexpr,  # 0: nothing, 1: probs (stats here, values in pass 2), 2: logits
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
@@ -105,7 +106,7 @@ def _draft_partials_kernel(
     scale = tl.where(greedy, 1.0, temp)
     gain = gumbel_gain(temp)
     key = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT_KEY)
-    row_ptr = logits_ptr + row * vocab
+    row_ptr = logits_ptr + row * row_stride
     out_row, out_limit = out_ptr, 0
     if WRITE == 2:
         step = tl.load(step_ptr).to(tl.int64)
@@ -141,7 +142,7 @@ def _draft_partials_kernel(
 def _draft_finish_kernel(
     logits_ptr, temperature_ptr, tokens_ptr, out_ptr, step_ptr,
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the partials kernel's
-    vocab, num_splits, num_steps,
+    vocab, row_stride, num_splits, num_steps,
     WRITE_PROBS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -158,7 +159,7 @@ def _draft_finish_kernel(
         run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
         temp = tl.load(temperature_ptr + row).to(tl.float32)
         scale = tl.where(temp <= 0, 1.0, temp)
-        row_ptr = logits_ptr + row * vocab
+        row_ptr = logits_ptr + row * row_stride
         for off in range(split * CHUNK, tl.minimum(split * CHUNK + CHUNK, vocab), BLOCK):
             idx = off + tl.arange(0, BLOCK)
             mask = idx < vocab
@@ -225,13 +226,13 @@ def _launch_draft(logits, temperature, seeds, positions, out, step, salt: int, w
     num_steps = 1 if out is None else out.shape[1]
     wrap_triton(_draft_partials_kernel)[(num_reqs, num_splits)](
         logits, temperature, seeds, positions, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
-        vocab, num_splits, num_steps,
+        vocab, logits.stride(0), num_splits, num_steps,
         SALT_KEY=salt_key(salt, STREAM_DRAFT), WRITE=write, CHUNK=CHUNK_V, BLOCK=DRAFT_BLOCK_V,
         FAST_LOG2=FAST_LOG2, num_warps=DRAFT_NUM_WARPS,
     )  # fmt: skip
     wrap_triton(_draft_finish_kernel)[(num_reqs, num_splits if write == 1 else 1)](
         logits, temperature, tokens, out_ptr, step_ptr, part_key, part_idx, part_max, part_sum,
-        vocab, num_splits, num_steps,
+        vocab, logits.stride(0), num_splits, num_steps,
         WRITE_PROBS=write == 1, CHUNK=CHUNK_V, BLOCK=BLOCK_V, SPLIT_BLOCK=SPLIT_BLOCK, num_warps=NUM_WARPS,
     )  # fmt: skip
     return tokens
@@ -282,7 +283,8 @@ def draft_sample(
 ) -> torch.Tensor:
     """Sample one draft token per request; returns token ids [B] int32.
 
-    logits [B, V] (fp32 / bf16 / fp16, contiguous); temperature [B] fp32: 0 means
+    logits [B, V] (fp32 / bf16 / fp16; rows contiguous, any row stride: e.g. rows
+    of a wider buffer, as vLLM's sampler takes them); temperature [B] fp32: 0 means
     greedy (argmax, first index on ties), T > 0 samples softmax(logits / T) by
     Gumbel-max with noise from the counter-based hash of (seeds[b], positions[b],
     token, salt) — the same token on CPU and CUDA (up to float near-ties).
@@ -293,7 +295,7 @@ def draft_sample(
     store this step's softmax(logits / T) (write="probs") or logits / T
     (write="logits") into probs_out[:, step, :]; greedy rows store with T = 1.
     """
-    check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous=True)
+    check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous="rows")
     num_reqs, vocab = logits.shape
     check_request_params(num_reqs, temperature, seeds, positions, device_of=logits)
     check_salt(salt)

@@ -13,13 +13,35 @@ function (uint32 arithmetic):
     salt_key     = absorb(absorb(0x243F6A88, salt), stream)     (host, Python ints)
     row_key      = absorb(absorb(absorb(absorb(salt_key, seed_lo), seed_hi), pos_lo), pos_hi)
     bits(token)  = fmix(token * 0x9E3779B9 + row_key)
-    u            = ((bits >> 9) + 0.5) * 2**-23                  (exact in fp32, never 0 or 1)
 
-(The kernels build u without an int-to-float conversion: (bits >> 9) as the
-mantissa of a float in [1, 2), minus 1 - 2**-24, which is exact and the same value.)
+The 32 bits stand for the uniform U = (bits + 0.5) * 2**-32 in (0, 1). Two fp32
+values are built from them, each exact and the same on every device:
+
+    u = ((bits >> 9) + 0.5) * 2**-23       the acceptance tests' uniform (never 0 or 1)
+    tail lanes, bits >= 0xFF800000 (U > 1 - 2**-9):
+        v = 1 - U = (~bits + 0.5) * 2**-32 (~bits < 2**23: exact in fp32, down to 2**-33)
+
+and the exponential E = -log U (Exp(1)), from which the Gumbel noise is -log E:
+
+    tail lanes:  E = -log1p(-v) = v * (1 + v / 2 + v**2 / 3)   (next term < 2**-29 relative)
+    other lanes: E = -log u
+
+Why the tail lanes: a large Gumbel value needs E -> 0, i.e. U -> 1, where u's grid
+stops at 1 - 2**-24: -log(-log u) never exceeded 16.6 nats and was coarse below
+that, so a token needing more noise than that to win (probability ~e**-17 each,
+but 200k such tokens hold 0.6% of the mass) was under-sampled. Taking the
+complement exactly puts that end of U on v's fine grid near 0: E goes down to
+2**-33, the Gumbel noise up to 33 ln 2 = 22.9 nats, and P(noise > x) follows
+1 - exp(-e**-x) to within one 2**-32 atom there (a probability the 32-bit row key
+cannot resolve anyway). The series also keeps the SFU's log2, whose error is
+absolute (~2**-22), away from E << 1, where it used to swamp E. The other end
+(E large, noise below -log(24 ln 2) = -2.8) keeps u's grid: probability < 1e-7.
+
+(The kernels build u and v without an int-to-float conversion: a 23-bit mantissa
+of a float in [1, 2), minus 1 - 2**-24, which is exact and the same value.)
 
 23 bits, not 24: ((bits >> 8) + 0.5) * 2**-24 can be 1 - 2**-25, which rounds to
-1.0 in fp32 and makes the Gumbel noise -log(-log 1) = +inf.
+1.0 in fp32 and makes -log u = 0.
 
 seed/position are int64 split into 32-bit words (two's complement). In torch the
 uint32 values live in int64 tensors; products are split into 16-bit halves so no
@@ -27,9 +49,12 @@ int64 product overflows, which makes both sides bit-identical. `stream` separate
 the uses: draft sampling (0), acceptance tests (1) and recovered / bonus tokens (2)
 of rejection sampling, so they stay independent at the same position.
 
-The samplers use u in base 2: Gumbel-max keys x * log2(e) / T - log2(-log2 u)
-(the argmax of x / T + Gumbel noise) and exponential races over r / (-log2 u),
-with the SFU's log2 / exp2 / rcp on CUDA (FAST) and exact functions elsewhere.
+The samplers use E in base 2 (E2 = E * log2(e), -log2 u on ordinary lanes):
+Gumbel-max keys x * log2(e) / T - log2(E2) (the argmax of x / T + Gumbel noise)
+and exponential races over r / E2, with the SFU's log2 / exp2 / rcp on CUDA (FAST)
+and exact functions elsewhere. The bits, u and v are bit-identical everywhere; E
+and the keys are not (the logs differ by an ulp or so), hence "the same token up to
+float near-ties".
 Triton functions carry the plain names, their torch twins the suffix `_torch`.
 """
 
@@ -183,24 +208,57 @@ def rcp(x, FAST: tl.constexpr):
         return 1.0 / x
 
 
+TAIL_BITS = 0xFF800000  # bits >= this: a tail lane (the top 9 bits set)
+
+
+@triton.jit
+def tail_split(bits):
+    """(tail lane?, f): f = u on ordinary lanes, f = v * 2**9 on tail lanes, both
+    (m + 0.5) * 2**-23 of a 23-bit m (on a tail lane ~bits < 2**23 already)."""
+    tail = (bits >> 23) == 511
+    mantissa = tl.where(tail, ~bits, bits >> 9)
+    return tail, (mantissa | 0x3F800000).to(tl.float32, bitcast=True) - 0.999999940395355224609375
+
+
+def tail_split_torch(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    tail = bits >= TAIL_BITS
+    mantissa = torch.where(tail, bits ^ _MASK32, bits >> 9)
+    return tail, (mantissa.to(torch.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def tail_series(f):
+    """E2 on a tail lane from its f = v * 2**9: v * log2(e) * (1 + v / 2 + v**2 / 3),
+    the coefficients log2(e) * 2**-9, log2(e) * 2**-18 / 2 and log2(e) * 2**-27 / 3."""
+    return f * (0.0028177637517362566 + f * (2.751722413804938e-06 + f * 3.5829718929751797e-09))
+
+
+def tail_series_torch(f: torch.Tensor) -> torch.Tensor:
+    return f * (0.0028177637517362566 + f * (2.751722413804938e-06 + f * 3.5829718929751797e-09))
+
+
 @triton.jit
 def exponential2(bits, FAST: tl.constexpr):
-    """-log2(u): an Exp(1) variable divided by ln 2 (races compare ratios, so the
-    common factor does not change a winner)."""
-    return -log2(uniform(bits), FAST)
+    """E2 = E / ln 2 (E ~ Exp(1); races compare ratios, so the common factor does
+    not change a winner)."""
+    tail, f = tail_split(bits)
+    return tl.where(tail, tail_series(f), -log2(f, FAST))
 
 
 def exponential2_torch(bits: torch.Tensor) -> torch.Tensor:
-    return -torch.log2(uniform_torch(bits))
+    tail, f = tail_split_torch(bits)
+    return torch.where(tail, tail_series_torch(f), -torch.log2(f))
 
 
 @triton.jit
 def log2_exponential2(bits, FAST: tl.constexpr):
-    """log2(-log2 u), minus the noise of the base-2 Gumbel-max key
-    x * log2(e) / T - log2_exponential2 (-log2(-log2 u) is the Gumbel noise times
-    log2(e), plus a constant). |log2 u| rather than -log2 u: the SFU takes the
+    """log2(E2), minus the noise of the base-2 Gumbel-max key
+    x * log2(e) / T - log2_exponential2 (-log2(E2) is the Gumbel noise times
+    log2(e), plus a constant). One log2 of a selected argument: the tail lanes'
+    log2(f) is computed and dropped. |log2 f| rather than -log2 f: the SFU takes the
     absolute value as an operand modifier, a negation would be one more instruction."""
-    return log2(tl.abs(log2(uniform(bits), FAST)), FAST)
+    tail, f = tail_split(bits)
+    return log2(tl.where(tail, tail_series(f), tl.abs(log2(f, FAST))), FAST)
 
 
 def gumbel2_torch(bits: torch.Tensor) -> torch.Tensor:

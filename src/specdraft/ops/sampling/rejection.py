@@ -15,11 +15,12 @@ with -1) and target logits for K + 1 rows (row n gives the bonus token):
 Noise: the counter-based hash of noise.py, at position positions[b] + j for row j,
 in two streams of its own (so independent of the draft sampling noise at the same
 position): STREAM_ACCEPT for u_j (token index 0), STREAM_SAMPLE for the emitted
-token. The residual is sampled by the exponential race argmax_i r_i / E_i
-(E_i = -log u_i, which is Gumbel-max over log r_i without taking log 0); should the
-residual be all zero (q exceeding p everywhere, only possible with unnormalised
-draft probs or rounding) the same race runs over p. The bonus token is Gumbel-max
-over target / T, which needs no normalisation.
+token. The residual is sampled by the exponential race argmax_i r_i / E_i (E_i the
+noise's Exp(1) draw, noise.py: Gumbel-max over log r_i without taking log 0);
+should the residual be all zero (q exceeding p everywhere, only possible with
+unnormalised draft probs or rounding) the same race runs over p. The bonus token is
+Gumbel-max over target / T, which needs no normalisation. Both draw the same E as
+draft sampling, far tail included; the acceptance tests use the 23-bit u.
 
 Kernels: (1) per (request, row, vocab chunk) statistics: the argmax for greedy
 rows 0..n, the online-softmax max and sum for random rows 0..n-1; rows past those
@@ -107,7 +108,7 @@ def _residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
 def _rs_stats_kernel(
     logits_ptr, num_draft_ptr, temperature_ptr,
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, row, chunk)
-    vocab, num_spec, num_splits,
+    vocab, req_stride, row_stride, num_spec, num_splits,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
@@ -119,7 +120,7 @@ def _rs_stats_kernel(
     needed = tl.where(greedy, j <= num_draft, j < num_draft)
     if needed:
         row = req * (num_spec + 1) + j
-        row_ptr = logits_ptr + row * vocab
+        row_ptr = logits_ptr + req * req_stride + j * row_stride
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, vocab)
         best, best_idx = lane_argmax_init(start, BLOCK)
@@ -148,7 +149,7 @@ def _rs_stats_kernel(
 @triton.jit
 def _accepts(
     logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
-    draft, row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
+    draft, logits_row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
     ACCEPT_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Whether one draft token is accepted (as int32)."""
@@ -158,7 +159,7 @@ def _accepts(
     else:
         valid = (draft >= 0) & (draft < vocab)
         run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
-        x = tl.load(logits_ptr + row * vocab + draft, mask=valid, other=float("-inf")).to(tl.float32)
+        x = tl.load(logits_ptr + logits_row + draft, mask=valid, other=float("-inf")).to(tl.float32)
         p = tl.exp(x / temp - run_max) / run_sum
         if HAS_DRAFT_PROBS:
             q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
@@ -175,7 +176,7 @@ def _rs_chain_kernel(
     tokens_ptr, counts_ptr,  # out
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the statistics kernel's partials
     race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # out: per (request, chunk)
-    vocab, num_spec, num_splits,
+    vocab, req_stride, row_stride, num_spec, num_splits,
     ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
@@ -197,7 +198,8 @@ def _rs_chain_kernel(
             row = req * (num_spec + 1) + j
             accept = _accepts(
                 logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
-                tl.load(draft_base + j).to(tl.int64), row, req * num_spec + j, row * num_splits,
+                tl.load(draft_base + j).to(tl.int64), req * req_stride + j * row_stride, req * num_spec + j,
+                row * num_splits,
                 greedy, temp, seed, position + j, vocab, num_splits,
                 ACCEPT_KEY, HAS_DRAFT_PROBS, SPLIT_BLOCK,
             )  # fmt: skip
@@ -218,7 +220,7 @@ def _rs_chain_kernel(
 
     if not greedy:
         key = row_key(seed, position + count, SAMPLE_KEY)
-        row_ptr = logits_ptr + row * vocab
+        row_ptr = logits_ptr + req * req_stride + count * row_stride
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, vocab)
         race, race_idx = lane_argmax_init(start, BLOCK)
@@ -350,12 +352,12 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
 
     wrap_triton(_rs_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
         target_logits, num_draft_tokens, temperature, part_key, part_idx, part_max, part_sum,
-        vocab, num_spec, num_splits, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
+        vocab, target_logits.stride(0), target_logits.stride(1), num_spec, num_splits, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(_rs_chain_kernel)[(num_reqs, num_splits)](
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
-        vocab, num_spec, num_splits,
+        vocab, target_logits.stride(0), target_logits.stride(1), num_spec, num_splits,
         ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
         HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
@@ -404,7 +406,9 @@ def rejection_sample(
     draft_tokens [B, K] int32/int64 (K >= 1; a request with n < K drafts pads
     with -1); num_draft_tokens [B] int (n, clamped to [0, K]); draft_probs
     [B, K, V] float or None (one-hot of the draft tokens, e.g. greedy drafts);
-    target_logits [B, K + 1, V] float (row n gives the bonus token); temperature
+    target_logits [B, K + 1, V] float (row n gives the bonus token; rows
+    contiguous, any strides between them: e.g. a view of the target's
+    [num_tokens, V] logits, as vLLM takes them); temperature
     [B] fp32 (0 = greedy); seeds [B], positions [B] int (position of the first
     draft token, draft j at positions + j). tokens: accepted drafts, the emitted
     recovered / bonus token, then -1; counts: accepted drafts, not counting the
@@ -417,8 +421,8 @@ def rejection_sample(
         "num_draft_tokens", num_draft_tokens, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=draft_tokens
     )
     check_tensor_arg(
-        "target_logits", target_logits, FLOAT_DTYPES, shape=(num_reqs, num_spec + 1, at_least(1, "V")), contiguous=True,
-        device_of=draft_tokens,
+        "target_logits", target_logits, FLOAT_DTYPES, shape=(num_reqs, num_spec + 1, at_least(1, "V")),
+        contiguous="rows", device_of=draft_tokens,
     )  # fmt: skip
     vocab = target_logits.shape[2]
     check_tensor_arg(
