@@ -18,7 +18,7 @@ from specdraft.config import SamplingParams
 from specdraft.models import default_aux_layers
 
 from . import checks
-from .state import DecodeState, Requests, commit, initial_state
+from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
 from .verify import prompt_batch, sample_target, window_batch
 
@@ -61,9 +61,12 @@ class SpeculativeDecoder:
 
     max_model_len, block_size: the proposer's config (pass them only for plain
     decoding; a value that differs from the config is an error). compile: False, True
-    (torch.compile(fullgraph=True)) or a dict of torch.compile options (e.g.
-    {"mode": "reduce-overhead"}, {"backend": "aot_eager"}), applied to the
-    iteration (and to its two halves with time_split). The prefill runs eagerly.
+    (torch.compile(fullgraph=True, dynamic=False)) or a dict of torch.compile options
+    (e.g. {"mode": "reduce-overhead"}, {"backend": "aot_eager"}, {"dynamic": None}),
+    applied to the iteration (and to its two halves with time_split). The prefill
+    runs eagerly. A compiled iteration is reused by every later run with the same
+    batch size and the same all-greedy-or-not sampling (max_new_tokens, prompts,
+    temperatures and seeds are tensors or host-side values it does not depend on).
 
     The target's KV caches are allocated on first use (num_kv_blocks blocks), or
     passed as target_kv_caches; the draft's are the proposer's. Both use one block
@@ -119,7 +122,10 @@ class SpeculativeDecoder:
         self.compile_options = None if compile is False else ({} if compile is True else dict(compile))
         fns = {"iteration": self.iteration, "verify": self.verify, "draft": self.draft}
         if self.compile_options is not None:
-            fns = {name: torch.compile(fn, fullgraph=True, **self.compile_options) for name, fn in fns.items()}
+            # Static shapes unless asked otherwise: a new batch size compiles a graph of
+            # its own instead of Dynamo's automatic switch to a slower dynamic one.
+            options = {"dynamic": False, **self.compile_options}
+            fns = {name: torch.compile(fn, fullgraph=True, **options) for name, fn in fns.items()}
         self.compiled = fns
 
     # ------------------------------------------------------------------ caches
@@ -168,7 +174,10 @@ class SpeculativeDecoder:
         logits = self.target.compute_logits(hidden.index_select(0, last_rows))
         prompt_lens = metadata.seq_lens.long()
         first, _ = sample_target(logits[:, None], None, None, requests, prompt_lens)
-        width = int(requests.limits.max()) + self.k + 1
+        # The output buffer's width is fixed by the decoder, not by this run's limits:
+        # a shape that followed max_new_tokens would recompile the iteration whenever
+        # a run asked for a different length.
+        width = self.max_model_len + self.k + 1
         state = initial_state(first[:, 0], prompt_lens, requests, self.k, width)
         if self.proposer is None:
             return state
@@ -236,6 +245,7 @@ class SpeculativeDecoder:
             limits=torch.tensor(limits, dtype=torch.int64, device=device),
             eos_token_ids=torch.tensor(eos, dtype=torch.int64, device=device),
             sampling=SamplingParams(temperature=temperature.to(device), seeds=seeds.to(device)),
+            all_greedy=bool((temperature == 0).all()),
         )
         return prompts, requests
 
@@ -280,6 +290,8 @@ class SpeculativeDecoder:
                 timings.draft += t2 - t1
             else:
                 state = self.compiled["iteration"](state, requests)
+            if graphs:
+                state = owned_copy(state)
             timings.iterations += 1
             before = int(flags[1].sum())
             flags = host_flags(state)

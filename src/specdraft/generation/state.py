@@ -28,12 +28,16 @@ class Requests:
     request may generate (min(max_new_tokens, max_model_len - prompt length)).
     eos_token_ids int64: the request's EOS id, or -1 for none. sampling:
     temperature (0 = greedy) and seeds, for the target's sampling and the draft's.
+    all_greedy: every temperature is 0, known on the host before the run. A Python
+    bool, so a compiled iteration specialises on it (at most two graphs: greedy
+    batches verify with an argmax, mixed ones with the full rejection sampler).
     """
 
     block_table: torch.Tensor
     limits: torch.Tensor
     eos_token_ids: torch.Tensor
     sampling: SamplingParams
+    all_greedy: bool = False
 
     @property
     def num_reqs(self) -> int:
@@ -42,8 +46,8 @@ class Requests:
 
 @dataclass
 class DecodeState:
-    """The batch between two iterations (a dataclass: a NamedTuple built with _replace
-    inside the compiled iteration failed under torch 2.11 on CUDA).
+    """The batch between two iterations (a dataclass, not a NamedTuple: torch 2.11's
+    Dynamo rebuilt a NamedTuple made by _replace inside a compiled call with fields missing).
 
     last_tokens [B] int32: each request's newest token, not yet in the target's cache.
     lens [B] int64: its position (= tokens in the target's cache).
@@ -66,6 +70,18 @@ class DecodeState:
     out_tokens: torch.Tensor
     accepted: torch.Tensor
     passes: torch.Tensor
+
+
+def owned_copy(state: DecodeState) -> DecodeState:
+    """The state with every tensor copied out of a CUDA graph's memory pool.
+
+    Under mode="reduce-overhead" an iteration's outputs live in memory that the next
+    replay overwrites; fed back as the next iteration's inputs they would be read
+    after being written (torch refuses that). One copy of the state per iteration
+    (kilobytes, plus draft_probs [B, K, V] with probabilistic drafts), outside the
+    graph."""
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    return DecodeState(**{name: None if t is None else t.clone() for name, t in fields.items()})
 
 
 def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative_tokens: int, width: int):

@@ -71,7 +71,14 @@ def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests,
     no drafts, logits [B, 1, V]: the target's own token); draft_probs [B, K, V] or
     None (one-hot drafts); first_positions [B]: the position of row 0's token to
     sample (the first draft's, or the one token's). Returns (tokens [B, K + 1] int32,
-    accepted counts [B] int32)."""
+    accepted counts [B] int32; [B, 1] and zeros without drafts when all greedy).
+
+    An all-greedy batch (requests.all_greedy, a host-side bool) takes strict greedy
+    directly: the rejection sampler's temperature-0 rule, without the noise and
+    softmax its other rows need, which are most of what Inductor would otherwise
+    generate and compile for an iteration."""
+    if requests.all_greedy:
+        return strict_greedy(logits, drafts)
     num_reqs = logits.shape[0]
     if drafts is None:
         # One dummy draft that is never read (zero drafts): row 0 emits, row 1 pads.
@@ -90,3 +97,18 @@ def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests,
         sampling.seeds,
         first_positions.contiguous(),
     )
+
+
+def strict_greedy(logits: torch.Tensor, drafts: torch.Tensor | None):
+    """rejection_sample at temperature 0: accept draft j while it equals the target's
+    argmax of row j; emit the argmax of the first row not accepted (the recovered or
+    bonus token); -1 after it. logits [B, R, V], drafts [B, R - 1] or None (R = 1)."""
+    target = logits.argmax(dim=-1)  # [B, R]
+    if drafts is None:
+        return target.to(torch.int32), torch.zeros(target.shape[0], dtype=torch.int32, device=target.device)
+    num_drafts = drafts.shape[1]
+    match = drafts.long() == target[:, :num_drafts]
+    counts = match.long().cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(num_drafts + 1, device=target.device)
+    tokens = torch.where(rows[None, :] <= counts[:, None], target, -1)
+    return tokens.to(torch.int32), counts.to(torch.int32)

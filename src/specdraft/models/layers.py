@@ -1,8 +1,23 @@
 """Llama-style building blocks shared by the draft heads and the tiny target model:
 RMSNorm, self-attention over the paged KV cache, SwiGLU MLP, and the decoder layer.
-Parameter names follow the Hugging Face Llama names so checkpoints load by name."""
+Parameter names follow the Hugging Face Llama names so checkpoints load by name.
+
+Under torch.compile the two heavy parts of a layer are *nested compile regions*
+(torch.compiler.nested_compile_region): paged attention with its output projection,
+and the MLP. A region is traced and compiled once per distinct input signature and
+then called again wherever it repeats: the target's N layers share one compiled
+attention and one MLP, the draft's K - 1 single-token steps another pair. Without
+regions every layer instance is traced, lowered and compiled anew, and compile time
+grows with N + K. What stays outside is cheap and region-unfriendly: the norms (a
+float eps, which Dynamo cannot lift into a region under dynamic=True), RoPE (a float
+theta, likewise), and the KV-cache write (a mutation, which older versions of torch
+cannot functionalize inside a region). In eager mode a region is a plain call.
+SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +27,16 @@ from specdraft.models.attention import paged_attention
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.kv_cache import write_kv_cache
 from specdraft.models.rope import RotaryEmbedding
+
+
+def _no_region(fn):
+    return fn
+
+
+# torch >= 2.8 has it; the bare form (no options) is what torch 2.11 accepts too.
+compile_region = getattr(torch.compiler, "nested_compile_region", None) or _no_region
+if os.environ.get("SPECDRAFT_COMPILE_REGIONS", "1") == "0":
+    compile_region = _no_region
 
 
 class RMSNorm(nn.Module):
@@ -49,16 +74,15 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
-        out = paged_attention(
-            q,
-            kv_cache,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            attn_metadata.block_table,
-            attn_metadata.max_query_len,
-            attn_metadata.max_seq_len,
-        )
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        m = attn_metadata
+        # The metadata goes into the region as tensors and the Python ints that fix its shapes.
+        return self.attend(q, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len, m.max_seq_len)
+
+    @compile_region
+    def attend(self, q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len) -> torch.Tensor:
+        """o_proj of paged attention over a cache that already holds this step's keys."""
+        out = paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
+        return self.o_proj(out.reshape(q.shape[0], self.num_heads * self.head_dim))
 
 
 class SwiGLU(nn.Module):
@@ -68,6 +92,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
+    @compile_region
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 

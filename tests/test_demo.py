@@ -1,0 +1,67 @@
+"""`make demo` (specdraft.demo.main), run in-process, eagerly and at small sizes: it
+finds plain and speculative greedy decoding identical, prints acceptance lengths
+above 1 (the shipped head agrees with its target), and fails loudly when the two
+decodings differ."""
+
+import re
+
+import pytest
+import torch
+
+from specdraft import demo
+
+SMALL = ["--no-compile", "--prompts", "3", "--max-new-tokens", "48", "--k", "3"]
+
+
+def run_demo(capsys, argv) -> tuple[int, str]:
+    threads = torch.get_num_threads()
+    try:
+        status = demo.main(argv)
+    finally:
+        torch.set_num_threads(threads)  # main sets the CPU thread count
+    return status, capsys.readouterr().out
+
+
+def number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in the demo's output:\n{text}"
+    return float(match.group(1).replace(",", ""))
+
+
+def test_demo_finds_identical_outputs_and_accepts_drafts(capsys):
+    status, out = run_demo(capsys, SMALL)
+    assert status == 0, out
+    assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out
+    rates = [float(r) for r in re.findall(r"k=\d: ([0-9.]+)", out)]
+    assert len(rates) == 3 and all(0 < r <= 1 for r in rates)
+    assert rates == sorted(rates, reverse=True)  # a draft is accepted only after the ones before it
+    assert number(r"mean acceptance length\s+([0-9.]+)", out) > 1.5
+    assert 1 < number(r"mean tokens per verify pass\s+([0-9.]+)", out) <= 4
+    passes = re.search(r"target verify passes\s+speculative (\d+), plain (\d+)", out)
+    assert passes and int(passes.group(1)) < int(passes.group(2))
+    assert number(r"speedup ([0-9.]+)x", out) > 0
+    assert "sampled run (temperature 0.7" in out
+    assert number(r"sampled run .*mean acceptance length ([0-9.]+)", out) > 1
+
+
+def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
+    """A speculative decoder that drops one token is caught."""
+    real = demo.SpeculativeDecoder.generate
+
+    def lossy(self, prompts, **kwargs):
+        result = real(self, prompts, **kwargs)
+        if self.proposer is not None and kwargs.get("max_new_tokens", 0) > 2:
+            result.tokens[1] = result.tokens[1][1:]
+        return result
+
+    monkeypatch.setattr(demo.SpeculativeDecoder, "generate", lossy)
+    status, out = run_demo(capsys, [*SMALL, "--no-sampled"])
+    assert status == 1
+    assert "FAIL: greedy outputs differ (prompt 2" in out
+
+
+def test_demo_refuses_sizes_it_cannot_hold():
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--max-new-tokens", "100000"])
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--prompts", "0"])
