@@ -109,7 +109,8 @@ def timed(fn):
 
 
 def first_difference(a: GenerationResult, b: GenerationResult):
-    """(request, token index) of the first token that differs, or None."""
+    """(request, token index) of the first token that differs, or None. Host-side,
+    after both runs: the tokens are CPU tensors."""
     for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)):
         if not torch.equal(x, y):
             n = min(len(x), len(y))

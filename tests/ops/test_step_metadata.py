@@ -356,11 +356,9 @@ def test_mrope_with_seq_index_is_accepted():
 # ------------------------------------------------------ the interpreter lane only
 
 
-@pytest.mark.interpreter
-@given(layout=step_layouts(max_requests=40))
-@example(layout=MANY_REQUESTS)
-def test_interpreted_kernel_equals_reference(layout):
-    kernel, ref = Buffers(layout, "cpu"), Buffers(layout, "cpu")
+def assert_kernel_step_equals_reference(layout, seq_index=None):
+    """One interpreted kernel step against the reference, every buffer bit for bit."""
+    kernel, ref = Buffers(layout, "cpu", seq_index=seq_index), Buffers(layout, "cpu", seq_index=seq_index)
     kernel.step()
     step_metadata_reference(
         ref.positions, ref.seq_lens, ref.block_table, ref.slot_mapping, ref.clamped,
@@ -370,22 +368,20 @@ def test_interpreted_kernel_equals_reference(layout):
                  (kernel.seq_full, ref.seq_full), (kernel.slot_full, ref.slot_full),
                  (kernel.index_full, ref.index_full)):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.interpreter
+@given(layout=step_layouts(max_requests=40))
+@example(layout=MANY_REQUESTS)
+def test_interpreted_kernel_equals_reference(layout):
+    assert_kernel_step_equals_reference(layout)
 
 
 @pytest.mark.interpreter
 @given(layout=image_layouts())
 def test_interpreted_kernel_equals_reference_with_images(layout):
     layout, index = layout
-    kernel, ref = Buffers(layout, "cpu", seq_index=index), Buffers(layout, "cpu", seq_index=index)
-    kernel.step()
-    step_metadata_reference(
-        ref.positions, ref.seq_lens, ref.block_table, ref.slot_mapping, ref.clamped,
-        layout.block_size, layout.max_model_len, ref.seq_index,
-    )  # fmt: skip
-    for a, b in ((kernel.pos_full, ref.pos_full), (kernel.clamped_full, ref.clamped_full),
-                 (kernel.seq_full, ref.seq_full), (kernel.slot_full, ref.slot_full),
-                 (kernel.index_full, ref.index_full)):  # fmt: skip
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_kernel_step_equals_reference(layout, seq_index=index)
 
 
 # -------------------------------------------------------- the opt-in value checker

@@ -301,7 +301,7 @@ class SpeculativeDecoder:
         if bar is not None:
             bar.close()
         out = state.out_tokens.cpu()
-        counts = flags[1].tolist()
+        counts = flags[1].tolist()  # flags is host_flags' host copy: no device sync here
         tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
         return GenerationResult(tokens, build_stats(state, timings))
 
