@@ -1,5 +1,6 @@
 """DraftModelConfig from HF config dicts, the safetensors reader / writer, and loading
-tiny random checkpoints written here in the published EAGLE / EAGLE-3 / MTP layouts."""
+tiny random checkpoints (fixtures.checkpoints) in the published EAGLE / EAGLE-3 / MTP
+layouts."""
 
 import json
 import struct
@@ -8,7 +9,6 @@ import pytest
 import torch
 
 from specdraft.models import (
-    BatchMetadata,
     DraftModelConfig,
     Eagle3Head,
     EagleHead,
@@ -20,85 +20,20 @@ from specdraft.models import (
     write_safetensors,
 )
 
-H, FF, NH, KV, HD, V, DV = 16, 24, 4, 2, 4, 40, 12
-HF = {
-    "hidden_size": H,
-    "intermediate_size": FF,
-    "num_attention_heads": NH,
-    "num_key_value_heads": KV,
-    "vocab_size": V,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "torch_dtype": "float32",
-}
-
-
-def rand(*shape, seed=[0]):  # noqa: B006 - a counter shared by every call
-    seed[0] += 1
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed[0]))
-
-
-def layer_tensors(prefix, attn_in=H, input_norm=True):
-    t = {
-        f"{prefix}self_attn.q_proj.weight": rand(NH * HD, attn_in),
-        f"{prefix}self_attn.k_proj.weight": rand(KV * HD, attn_in),
-        f"{prefix}self_attn.v_proj.weight": rand(KV * HD, attn_in),
-        f"{prefix}self_attn.o_proj.weight": rand(H, NH * HD),
-        f"{prefix}mlp.gate_proj.weight": rand(FF, H),
-        f"{prefix}mlp.up_proj.weight": rand(FF, H),
-        f"{prefix}mlp.down_proj.weight": rand(H, FF),
-        f"{prefix}post_attention_layernorm.weight": rand(H),
-    }
-    if input_norm:
-        t[f"{prefix}input_layernorm.weight"] = rand(H)
-    return t
-
-
-def eagle3_checkpoint():
-    t = {**layer_tensors("midlayer.", attn_in=2 * H), "midlayer.hidden_norm.weight": rand(H)}
-    t |= {"fc.weight": rand(H, 3 * H), "norm.weight": rand(H), "lm_head.weight": rand(DV, H)}
-    targets = torch.arange(DV) * 3  # draft id d -> target id 3d
-    t["d2t"] = targets - torch.arange(DV)
-    t["t2d"] = torch.zeros(V, dtype=torch.bool).index_fill(0, targets, True)
-    return {**HF, "draft_vocab_size": DV, "architectures": ["LlamaForCausalLMEagle3"]}, t
-
-
-def eagle1_checkpoint(prefix="layers.0."):
-    t = {**layer_tensors(prefix, input_norm=False), "fc.weight": rand(H, 2 * H), "fc.bias": rand(H)}
-    return dict(HF), t | {"embed_tokens.weight": rand(V, H)}
-
-
-def mtp_checkpoint(first=61, n=2, per_layer=True):
-    t = {"model.embed_tokens.weight": rand(V, H)}
-    for k in range(first, first + n):
-        p = f"model.layers.{k}."
-        t |= {f"model.{k2}": v for k2, v in layer_tensors(f"layers.{k}.").items()}
-        t |= {p + "enorm.weight": rand(H), p + "hnorm.weight": rand(H), p + "eh_proj.weight": rand(H, 2 * H)}
-        t[p + "shared_head.norm.weight"] = rand(H)
-        if per_layer:
-            t[p + "shared_head.head.weight"] = rand(V, H)
-    return {**HF, "num_nextn_predict_layers": n}, t
-
-
-def write_folder(path, hf, tensors, shards=1):
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(hf))
-    names = sorted(tensors)
-    for s in range(shards):
-        write_safetensors(path / f"model-{s:05d}.safetensors", {n: tensors[n] for n in names[s::shards]})
-    return path
-
-
-def tiny_batch(t=5):
-    md = BatchMetadata(
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32),
-        seq_lens=torch.tensor([t], dtype=torch.int32),
-        block_table=torch.tensor([[0, 1]], dtype=torch.int32),
-        slot_mapping=torch.arange(t),
-        max_query_len=t,
-    )
-    return torch.arange(t, dtype=torch.int32), torch.arange(t), md
-
+from fixtures.checkpoints import (
+    DV,
+    HD,
+    HF,
+    KV,
+    H,
+    V,
+    eagle1_checkpoint,
+    eagle3_checkpoint,
+    mtp_checkpoint,
+    rand,
+    tiny_batch,
+    write_folder,
+)
 
 # ------------------------------------------------------------------ safetensors
 
@@ -222,6 +157,7 @@ def test_save_load_round_trip(tmp_path, build):
             p.add_(torch.randn_like(p) * 0.1)
     if isinstance(model, Eagle3Head):
         model.d2t.copy_(torch.arange(DV) * 2)
+        model.t2d.zero_().index_fill_(0, model.draft_token_target_ids(), True)  # the loader derives t2d
     save_draft_model(model, tmp_path / "m")
     back = load_draft_model(tmp_path / "m")
     assert type(back) is type(model) and back.config == model.config

@@ -1,4 +1,5 @@
-"""RoPE and M-RoPE against a loop over tokens, heads and frequency pairs."""
+"""RoPE and M-RoPE against a loop over tokens, heads and frequency pairs (the scaled
+variants and Qwen3-VL's interleaved layout: test_rope_scaling.py, against transformers)."""
 
 import math
 
@@ -100,3 +101,10 @@ def test_rope_keeps_dtype_and_rejects_bad_sections():
         RotaryEmbedding(8, 10000.0, (1, 1, 1))
     with pytest.raises(ValueError, match="head_dim"):
         RotaryEmbedding(7, 10000.0)
+    with pytest.raises(ValueError, match="mrope_interleaved"):
+        RotaryEmbedding(8, 10000.0, None, mrope_interleaved=True)
+    # Interleaved over 8 frequencies, w gets indices 2 and 5 only: 3 cannot be laid out.
+    with pytest.raises(ValueError, match="mrope_section"):
+        RotaryEmbedding(16, 10000.0, (2, 3, 3), mrope_interleaved=True)
+    with pytest.raises(ValueError, match="scaling"):
+        RotaryEmbedding(8, 10000.0, scaling={"rope_type": "linear", "factor": 2.0})

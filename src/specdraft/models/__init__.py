@@ -10,7 +10,7 @@ from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
 from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape, write_kv_cache
 from specdraft.models.layers import DecoderLayer, RMSNorm
 from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
-from specdraft.models.rope import RotaryEmbedding
+from specdraft.models.rope import RopeScaling, RotaryEmbedding
 from specdraft.models.target import TinyTargetModel, default_aux_layers
 from specdraft.models.target_loading import load_target_model, save_target_model
 
@@ -24,6 +24,7 @@ __all__ = [
     "EagleHead",
     "MTPHead",
     "RMSNorm",
+    "RopeScaling",
     "RotaryEmbedding",
     "TinyTargetModel",
     "allocate_kv_caches",

@@ -8,7 +8,8 @@ Every head (EagleHead, Eagle3Head, MTPHead) implements::
     compute_logits(hidden [N, H], spec_step_idx: int = 0) -> [N, vocab_size]
 
 - hidden_for_sampling goes to compute_logits; hidden_for_next_step is what the next
-  draft step receives as `hidden_states` (EAGLE-3: the pre-norm residual stream).
+  draft step receives as `hidden_states`: the pre-norm residual stream, or the final
+  norm's output when config.hidden_feed == "normed" (see DraftModelConfig).
 - compute_logits always returns logits over the *target* vocabulary, so proposers
   sample the same way for every head (EAGLE-3 places its draft-vocabulary logits at
   their target ids and puts -inf elsewhere; the cheaper path is
@@ -74,6 +75,13 @@ class DraftHead(nn.Module):
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states
 
+    def _refuse_config(self, *names: str) -> None:
+        """A config variant this head has no place for is an error, not ignored."""
+        defaults = {"norm_before_residual": False, "fc_norm": False, "norm_before_fc": False, "logits_norm": True}
+        for name in names:
+            if getattr(self.config, name) != defaults[name]:
+                raise ValueError(f"{name}: {type(self).__name__} has no such variant (it is EAGLE-3's)")
+
     def _check_ready(self) -> None:
         # A Python-level check: free at run time, a constant under torch.compile.
         if self.missing_weights:
@@ -133,12 +141,16 @@ def _set_path(root: nn.Module, path: str, module: nn.Module) -> None:
 
 class EagleHead(DraftHead):
     """EAGLE-1: h = fc([embed(ids); hidden]) -> one decoder layer (no input norm by
-    default, as published) -> optional final norm. Returns (norm(h) or h, h)."""
+    default, as published) -> optional final norm. Returns (norm(h) or h, h), or
+    (norm(h), norm(h)) when config.hidden_feed == "normed"."""
 
     def __init__(
         self, config: DraftModelConfig, fc_bias: bool = False, input_norm: bool = False, final_norm: bool = True
     ) -> None:
         super().__init__(config)
+        self._refuse_config("norm_before_residual", "fc_norm", "norm_before_fc", "logits_norm")
+        if config.hidden_feed == "normed" and not final_norm:
+            raise ValueError("hidden_feed: 'normed' needs the final norm, and this EAGLE head has none")
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(config, input_norm=input_norm)])
@@ -157,7 +169,10 @@ class EagleHead(DraftHead):
         emb = self._embed(input_ids, inputs_embeds)
         h = self.fc(torch.cat([emb, hidden_states.to(emb.dtype)], dim=-1))
         h = self.layers[0](positions, h, kv_caches[0], metadata_for_layer(attn_metadata, 0))
-        return (h if self.norm is None else self.norm(h)), h
+        if self.norm is None:
+            return h, h
+        normed = self.norm(h)
+        return normed, (normed if self.config.hidden_feed == "normed" else h)
 
     def compute_logits(self, hidden: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         self._check_ready()
@@ -166,28 +181,40 @@ class EagleHead(DraftHead):
 
 class Eagle3DecoderLayer(DecoderLayer):
     """EAGLE-3's midlayer: attention over [input_layernorm(emb); hidden_norm(hidden)]
-    (width 2H), residual = hidden."""
+    (width 2H), residual = hidden, or hidden_norm(hidden) with
+    config.norm_before_residual (vLLM's and speculators' option)."""
 
     def __init__(self, config: DraftModelConfig) -> None:
         super().__init__(config, attn_input_size=2 * config.hidden_size)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(self, positions, emb, hidden, kv_cache, attn_metadata) -> torch.Tensor:
-        attn_input = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
-        return self.attend_and_mlp(positions, attn_input, hidden, kv_cache, attn_metadata)
+        normed_hidden = self.hidden_norm(hidden)
+        attn_input = torch.cat([self.input_layernorm(emb), normed_hidden], dim=-1)
+        residual = normed_hidden if self.norm_before_residual else hidden
+        return self.attend_and_mlp(positions, attn_input, residual, kv_cache, attn_metadata)
 
 
 class Eagle3Head(DraftHead):
     """EAGLE-3: fuses three target layers' hidden states (fc: [T, 3 * target_hidden]
-    -> [T, H]), one midlayer, final norm, lm_head over the draft vocabulary; draft id
-    d maps to target id d + d2t[d]. Returns (norm(h), h)."""
+    -> [T, H], after fc_norm / input_norm when configured), one midlayer, final norm,
+    lm_head over the draft vocabulary; draft id d maps to target id d + d2t[d].
+    Returns (norm(h), h); (h, h) with config.logits_norm False (SpecForge's
+    norm_output: false: norm.weight is still loaded, unused); (norm(h), norm(h)) with
+    config.hidden_feed "normed"."""
 
     shares_lm_head_by_default = False
 
     def __init__(self, config: DraftModelConfig) -> None:
         super().__init__(config)
-        h, dv = config.hidden_size, config.draft_vocab_size
-        self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        h, dv, th = config.hidden_size, config.draft_vocab_size, config.target_hidden_size
+        eps = config.rms_norm_eps
+        # SpecForge / speculators EAGLE-3.1: one norm per aux layer; speculators'
+        # norm_before_fc: one norm over the concatenation (its checkpoint name).
+        self.fc_norm = nn.ModuleList([RMSNorm(th, eps) for _ in range(3)]) if config.fc_norm else None
+        self.input_norm = RMSNorm(3 * th, eps) if config.norm_before_fc else None
+        self.fc = nn.Linear(3 * th, h, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, dv, bias=False)
@@ -202,7 +229,12 @@ class Eagle3Head(DraftHead):
 
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[T, 3 * target_hidden] (aux layers concatenated) -> [T, H]."""
-        return self.fc(hidden_states.to(self.fc.weight.dtype))
+        x = hidden_states.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(3, dim=-1), strict=True)], dim=-1)
+        return self.fc(x)
 
     def forward(
         self, input_ids, positions, hidden_states, attn_metadata, kv_caches, spec_step_idx: int = 0, inputs_embeds=None
@@ -215,7 +247,10 @@ class Eagle3Head(DraftHead):
         h = self.midlayer(
             positions, emb, hidden_states.to(emb.dtype), kv_caches[0], metadata_for_layer(attn_metadata, 0)
         )
-        return self.norm(h), h
+        if not self.config.logits_norm:
+            return h, h
+        normed = self.norm(h)
+        return normed, (normed if self.config.hidden_feed == "normed" else h)
 
     def compute_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, draft_vocab_size] logits over the draft vocabulary."""
@@ -264,12 +299,15 @@ class MTPHead(DraftHead):
     shared_head.head (Step3.5); otherwise one lm_head serves all layers.
 
     DeepSeek's MTP module returns one tensor (forward_hidden); forward returns it
-    twice to fit the common interface. Embeddings at position 0 are zeroed
+    twice to fit the common interface. With config.hidden_feed "normed" (MiMo-style:
+    the layer's final norm is part of the step) that tensor is shared_head.norm(h)
+    and compute_logits applies only the head. Embeddings at position 0 are zeroed
     (mask_position_zero), as DeepSeek's MTP does, with torch.where instead of a
     boolean-mask write."""
 
     def __init__(self, config: DraftModelConfig, per_layer_lm_head: bool = False, mask_position_zero: bool = True):
         super().__init__(config)
+        self._refuse_config("norm_before_residual", "fc_norm", "norm_before_fc", "logits_norm")
         self.per_layer_lm_head = per_layer_lm_head
         self.mask_position_zero = mask_position_zero
         self.shares_lm_head_by_default = not per_layer_lm_head
@@ -298,9 +336,10 @@ class MTPHead(DraftHead):
         if self.mask_position_zero:
             pos = positions if positions.dim() == 1 else positions[0]
             emb = torch.where((pos == 0)[:, None], 0, emb)
-        return self.layers[i].predict(
+        h = self.layers[i].predict(
             positions, emb, hidden_states.to(emb.dtype), kv_caches[i], metadata_for_layer(attn_metadata, i)
         )
+        return self.layers[i].shared_head.norm(h) if self.config.hidden_feed == "normed" else h
 
     def forward(
         self, input_ids, positions, hidden_states, attn_metadata, kv_caches, spec_step_idx: int = 0, inputs_embeds=None
@@ -314,4 +353,6 @@ class MTPHead(DraftHead):
         self._check_ready()
         layer = self.layers[self.layer_index(spec_step_idx)]
         head = layer.shared_head.head if self.per_layer_lm_head else self.lm_head
+        if self.config.hidden_feed == "normed":  # forward already normed it
+            return head(hidden)
         return head(layer.shared_head.norm(hidden))

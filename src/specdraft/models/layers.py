@@ -53,8 +53,10 @@ class RMSNorm(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """q/k/v/o projections, RoPE / M-RoPE, cache write through slot_mapping, paged
-    attention. `input_size` is the projection input (2 * hidden for EAGLE-3)."""
+    """q/k/v/o projections (biases per config.attention_bias / o_proj_bias), Qwen3's
+    per-head q / k RMSNorm when config.qk_norm, RoPE / scaled RoPE / M-RoPE, cache
+    write through slot_mapping, paged attention. `input_size` is the projection input
+    (2 * hidden for EAGLE-3)."""
 
     def __init__(self, config: DraftModelConfig, input_size: int | None = None) -> None:
         super().__init__()
@@ -64,14 +66,19 @@ class SelfAttention(nn.Module):
         self.q_proj = nn.Linear(input_size, c.num_heads * c.head_dim, bias=c.attention_bias)
         self.k_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.mrope_section)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
+        # Qwen3: RMSNorm over each head's head_dim, on q and k, before RoPE.
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.mrope_section, c.rope_scaling, c.mrope_interleaved)
 
     def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
         m = attn_metadata
@@ -98,8 +105,9 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Llama layer. `input_norm=False` drops input_layernorm (EAGLE-1's first
-    layer has none); `attn_input_size` widens the attention input (EAGLE-3)."""
+    """Pre-norm Llama layer (Qwen3's with config.qk_norm). `input_norm=False` drops
+    input_layernorm (EAGLE-1's first layer has none); `attn_input_size` widens the
+    attention input (EAGLE-3)."""
 
     def __init__(self, config: DraftModelConfig, attn_input_size: int | None = None, input_norm: bool = True) -> None:
         super().__init__()

@@ -1,158 +1,104 @@
 """Load draft heads from a local Hugging Face-format folder (config.json plus
-*.safetensors, or pytorch_model*.bin), in the layouts EAGLE heads are published in:
+*.safetensors, or pytorch_model*.bin; which files, see specdraft.models.safetensors_io),
+in the layouts EAGLE heads are published in:
 
 - EAGLE-1 (method "eagle"): fc.weight [H, 2H] (+ fc.bias), layers.0.* (or midlayer.*),
   optional layers.0.input_layernorm / norm / embed_tokens / lm_head;
-- EAGLE-3 ("eagle3"): fc.weight [H, 3 * target_hidden], midlayer.* (with
-  midlayer.hidden_norm), norm.weight, lm_head.weight [draft_vocab, H], d2t
-  [draft_vocab] (target id = draft id + d2t[draft id]), t2d [vocab] bool (optional:
-  derived from d2t when absent);
+- EAGLE-3 ("eagle3"): fc.weight [H, 3 * target_hidden], midlayer.* (or layers.0.*,
+  with midlayer.hidden_norm), norm.weight, lm_head.weight [draft_vocab, H], d2t
+  [draft_vocab] (target id = draft id + d2t[draft id]), t2d [vocab] bool (optional;
+  always derived from d2t); config.json in the HF form or the speculators form
+  (translated by specdraft.models.formats);
 - MTP ("mtp"): layers.K.{enorm, hnorm, eh_proj, self_attn, mlp, shared_head.norm,
   shared_head.head?} (DeepSeek numbers MTP layers after the target's; they are
-  renumbered from 0), embed_tokens / lm_head optional.
+  renumbered from 0), embed_tokens / lm_head optional; the other MTP layouts are
+  mapped or refused in specdraft.models.mtp_layouts.
 
 A leading "model." is ignored. Weights missing from the folder that the target can
 supply (embed_tokens, lm_head) are recorded in `model.missing_weights`; the head
-refuses to run until share_from(target) fills them. Any other missing, mis-shaped
-or unexpected tensor is a ValueError naming it.
+refuses to run until share_from(target) fills them. Any other missing, mis-shaped or
+unexpected tensor is a ValueError naming it, and so is a weight stored as integers,
+booleans or float8 (a checkpoint that was misread or quantized, never a weight to
+cast).
 
-safetensors files are read and written with the `safetensors` package; a folder with
-a model.safetensors.index.json is read through its weight_map (shards).
+The vocabulary map d2t must be injective (two draft ids on one target id would make
+compute_logits drop one of them) and, when draft_vocab_size == vocab_size, the
+identity: readers disagree on an equal-size map (vLLM applies it, the speculators
+library ignores it), and so do Eagle3Head's two paths (compute_logits returns
+equal-size draft logits unmapped, map_draft_to_target applies d2t).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from specdraft.models.config import DraftModelConfig
+from specdraft.models.formats import (
+    check_unsupported_keys,
+    drop_training_only,
+    expected_fields,
+    is_speculators_config,
+    to_hf_draft_config,
+)
 from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
+from specdraft.models.mtp_layouts import config_updates, looks_like_mtp, normalise_mtp
+from specdraft.models.safetensors_io import (
+    read_checkpoint,
+    read_config,
+    read_safetensors,
+    strip_model_prefix,
+    write_safetensors,
+)
+
+__all__ = [
+    "METHODS",
+    "build_head",
+    "copy_state",
+    "detect_method",
+    "fill_state",
+    "load_draft_model",
+    "normalise_names",
+    "read_checkpoint",
+    "read_config",
+    "read_safetensors",
+    "save_draft_model",
+    "write_safetensors",
+]
 
 METHODS = ("eagle", "eagle3", "mtp")
 SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
-
-# ---------------------------------------------------------------- safetensors I/O
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of one .safetensors file, on CPU."""
-    return load_file(str(path))
-
-
-def write_safetensors(
-    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-) -> None:
-    """Write tensors to one .safetensors file. Tensors that share memory (tied
-    weights) are written as separate copies: the format stores each name's bytes."""
-    seen, out = set(), {}
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if t.numel() and ptr in seen:
-            t = t.clone()
-        seen.add(ptr)
-        out[name] = t
-    save_file(out, str(path), metadata=dict(metadata) if metadata else None)
-
-
-def read_config(folder: str | Path) -> dict:
-    """config.json of a local HF-format folder."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"folder: {folder} has no config.json")
-    return json.loads((folder / "config.json").read_text())
-
-
-def read_checkpoint(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json dict, all tensors) of a local HF-format folder: the shards a
-    model.safetensors.index.json names (every tensor it lists must be in its shard),
-    else every *.safetensors file, else pytorch_model*.bin."""
-    folder = Path(folder)
-    hf = read_config(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return hf, _read_sharded(folder, json.loads(index.read_text()))
-    files = sorted(folder.glob("*.safetensors"))
-    tensors: dict[str, torch.Tensor] = {}
-    if files:
-        for f in files:
-            tensors.update(read_safetensors(f))
-    else:
-        bins = sorted(folder.glob("pytorch_model*.bin"))
-        if not bins:
-            raise ValueError(f"folder: {folder} has no *.safetensors or pytorch_model*.bin files")
-        for f in bins:
-            tensors.update(torch.load(f, map_location="cpu", weights_only=True))
-    return hf, tensors
-
-
-def _read_sharded(folder: Path, index: dict) -> dict[str, torch.Tensor]:
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict):
-        raise ValueError(f"model.safetensors.index.json in {folder} has no weight_map")
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        if not (folder / shard).is_file():
-            raise ValueError(f"model.safetensors.index.json names shard {shard!r}, which is not in {folder}")
-        part = read_safetensors(folder / shard)
-        for name, value in part.items():
-            if weight_map.get(name) == shard:
-                tensors[name] = value
-    for name, shard in weight_map.items():
-        if name not in tensors:
-            raise ValueError(f"tensor {name!r} is missing from shard {shard!r} (model.safetensors.index.json)")
-    return tensors
-
 
 # ---------------------------------------------------------------- layouts
 
 
 def detect_method(names: set[str], hf: dict | None = None) -> str:
-    if "d2t" in names or any(n.startswith("midlayer.hidden_norm") for n in names):
+    """The head type of (prefix-stripped) tensor names."""
+    hf = hf or {}
+    if hf.get("speculators_model_type") == "eagle3":
         return "eagle3"
-    if any(n.endswith(".enorm.weight") for n in names):
+    if "d2t" in names or any(n.startswith(("midlayer.hidden_norm", "layers.0.hidden_norm")) for n in names):
+        return "eagle3"
+    if looks_like_mtp(names):
         return "mtp"
     if "fc.weight" in names:
         return "eagle"
-    arch = " ".join((hf or {}).get("architectures", []))
+    arch = " ".join(hf.get("architectures", []))
     raise ValueError(f"method: cannot tell the head type from the tensor names (architectures: {arch or 'none'})")
 
 
-def _strip_prefix(name: str) -> str:
-    return name[len("model.") :] if name.startswith("model.") else name
-
-
-def normalise_names(tensors: dict[str, torch.Tensor], method: str) -> dict[str, torch.Tensor]:
+def normalise_names(tensors: dict[str, torch.Tensor], method: str, hf: dict | None = None) -> dict[str, torch.Tensor]:
     """Checkpoint names -> this package's module names."""
-    out = {_strip_prefix(k): v for k, v in tensors.items()}
+    out = {strip_model_prefix(k): v for k, v in tensors.items()}
     if method == "eagle":
         return {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in out.items()}
     if method == "eagle3":
+        out = drop_training_only(out) if is_speculators_config(hf or {}) else out
         return {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in out.items()}
-    return _renumber_mtp(out)
-
-
-_LAYER = re.compile(r"^layers\.(\d+)\.(.*)$")
-
-
-def _renumber_mtp(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    ids = sorted({int(m.group(1)) for k in tensors if (m := _LAYER.match(k)) and m.group(2) == "enorm.weight"})
-    new_id = {old: i for i, old in enumerate(ids)}
-    out = {}
-    for k, v in tensors.items():
-        m = _LAYER.match(k)
-        if m is None or int(m.group(1)) not in new_id:
-            out[k] = v
-        elif m.group(2) == "embed_tokens.weight":  # DeepSeek stores a copy per MTP layer
-            out.setdefault("embed_tokens.weight", v)
-        else:
-            out[f"layers.{new_id[int(m.group(1))]}.{m.group(2)}"] = v
-    return out
+    return normalise_mtp(out, hf or {})
 
 
 def build_head(method: str, config: DraftModelConfig, names: set[str]) -> DraftHead:
@@ -190,15 +136,28 @@ def load_draft_model(
     """Build and fill a draft head from `folder`. method: "eagle", "eagle3", "mtp" or
     None to detect from the tensor names. dtype overrides config.json's torch_dtype.
     strict: unexpected tensors are an error (a sign the layout was misread)."""
-    hf, raw = read_checkpoint(folder)
-    method = detect_method({_strip_prefix(k) for k in raw}, hf) if method is None else method
+    source, raw = read_checkpoint(folder)
+    names = {strip_model_prefix(k) for k in raw}
+    method = detect_method(names, source) if method is None else method
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    tensors = normalise_names(raw, method, source)
+    updates, expected = config_updates(names) if method == "mtp" else ({}, {})
+    hf = {**to_hf_draft_config(source), **updates}
+    check_unsupported_keys(hf)
     config = DraftModelConfig.from_hf_config(hf, dtype=dtype)
-    tensors = normalise_names(raw, method)
+    check_fields(config, {**expected_fields(source), **expected})
     model = build_head(method, config, set(tensors))
     fill_state(model, tensors, strict=strict)
     return model.to(device) if device is not None else model
+
+
+def check_fields(config: DraftModelConfig, expected: dict[str, tuple[str, object]]) -> None:
+    """A ValueError naming the config.json key (or layout) whose setting the built
+    config does not carry out: a variant this version's heads do not compute."""
+    for name, (key, want) in expected.items():
+        if getattr(config, name, None) != want:
+            raise ValueError(f"{key}: {want!r} for {name} is not supported by this version's draft heads")
 
 
 def copy_state(
@@ -210,8 +169,9 @@ def copy_state(
 ) -> set[str]:
     """Copy checkpoint tensors into module.state_dict() by name (cast to each entry's
     dtype). A ValueError names a missing tensor (unless may_be_missing(name)), a
-    mis-shaped one, and, when strict, unexpected ones, each by checkpoint_name(its
-    module name). Returns the names left out."""
+    mis-shaped one, one whose kind is wrong (integers or booleans for a floating
+    weight, floats for an integer buffer such as d2t), and, when strict, unexpected
+    ones, each by checkpoint_name(its module name). Returns the names left out."""
     expected = module.state_dict()
     left_out = set()
     for name, want in expected.items():
@@ -226,8 +186,9 @@ def copy_state(
                 f"tensor {checkpoint_name(name)!r} has shape {tuple(got.shape)} in the checkpoint, expected {tuple(want.shape)} "
                 "from config.json"
             )
+        check_kind(checkpoint_name(name), got.dtype, want.dtype)
         with torch.no_grad():
-            want.copy_(got.to(want.dtype) if not want.dtype.is_floating_point else got)
+            want.copy_(got)
     unexpected = sorted(checkpoint_name(name) for name in set(tensors) - set(expected))
     if strict and unexpected:
         raise ValueError(
@@ -237,22 +198,32 @@ def copy_state(
     return left_out
 
 
+def check_kind(name: str, got: torch.dtype, want: torch.dtype) -> None:
+    if want.is_floating_point:
+        if not got.is_floating_point:
+            raise ValueError(f"tensor {name!r} is stored as {got}; a weight must be a floating-point tensor")
+        if got.itemsize == 1:  # float8: meaningless without the quantization scales it was stored with
+            raise ValueError(f"tensor {name!r} is stored as {got} (quantized); quantized weights are not supported")
+    elif got.is_floating_point or got.is_complex:
+        raise ValueError(f"tensor {name!r} is stored as {got}; it holds ids and must be an integer or bool tensor")
+
+
 def fill_state(model: DraftHead, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
     identity_map = model.config.draft_vocab_size == model.config.vocab_size
 
     def may_be_missing(name: str) -> bool:
         if name in SHAREABLE:  # the target can supply it (share_from)
             return not _needed_from_checkpoint(model, name)
-        # No vocabulary map: the identity defaults stand. t2d is derived from d2t
-        # below (vLLM does not read t2d either).
+        # No vocabulary map: the identity defaults stand.
         return (name == "d2t" and identity_map) or name == "t2d"
 
     left_out = copy_state(model, tensors, may_be_missing, strict)
     if isinstance(model, Eagle3Head):
-        _check_d2t(model)
-        if "t2d" not in tensors and not identity_map:
-            with torch.no_grad():
-                model.t2d.zero_().index_fill_(0, model.draft_token_target_ids(), True)
+        check_vocab_map(model)
+        # t2d only restates d2t (nothing here computes with it; vLLM does not read
+        # it): it is always derived, whatever the folder holds.
+        with torch.no_grad():
+            model.t2d.zero_().index_fill_(0, model.draft_token_target_ids(), True)
     model.missing_weights = frozenset(name.split(".")[0] for name in left_out if name in SHAREABLE)
 
 
@@ -261,15 +232,25 @@ def _needed_from_checkpoint(model: DraftHead, name: str) -> bool:
     return name == "lm_head.weight" and isinstance(model, Eagle3Head)
 
 
-def _check_d2t(model: Eagle3Head) -> None:
-    """Load-time (host) check: every draft id must map into the target vocabulary."""
+def check_vocab_map(model: Eagle3Head) -> None:
+    """Load-time (host) checks of d2t: every draft id maps into the target
+    vocabulary, no two onto one target id, and an equal-size map is the identity."""
     ids = model.draft_token_target_ids()
-    bad = (ids < 0) | (ids >= model.config.vocab_size)
+    vocab = model.config.vocab_size
+    bad = (ids < 0) | (ids >= vocab)
     if bool(bad.any()):
         d = int(bad.to(torch.int64).argmax())
+        raise ValueError(f"tensor 'd2t' maps draft id {d} to target id {int(ids[d])}, outside [0, {vocab})")
+    if model.config.draft_vocab_size == vocab and bool(model.d2t.any()):
+        d = int((model.d2t != 0).to(torch.int64).argmax())
         raise ValueError(
-            f"tensor 'd2t' maps draft id {d} to target id {int(ids[d])}, outside [0, {model.config.vocab_size})"
+            f"tensor 'd2t' maps draft id {d} to target id {int(ids[d])} but draft_vocab_size == vocab_size "
+            f"({vocab}): an equal-size vocabulary map must be the identity (readers disagree on any other)"
         )
+    counts = torch.bincount(ids, minlength=vocab)
+    if bool((counts > 1).any()):
+        t = int((counts > 1).to(torch.int64).argmax())
+        raise ValueError(f"tensor 'd2t' maps {int(counts[t])} draft ids onto target id {t}; the map must be injective")
 
 
 def save_draft_model(model: DraftHead, folder: str | Path, shared: Iterable[str] = ()) -> None:

@@ -1,21 +1,26 @@
-"""Load and save TinyTargetModel from / to a local Hugging Face folder of the Llama or
-Qwen2 family (config.json plus model.safetensors, or shards through
-model.safetensors.index.json), under the HF tensor names:
+"""Load and save TinyTargetModel from / to a local Hugging Face folder of the Llama,
+Qwen2 or Qwen3 family (config.json plus model.safetensors, or shards through
+model.safetensors.index.json; specdraft.models.safetensors_io says which files are
+read), under the HF tensor names:
 
     model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent when
     tie_word_embeddings), model.layers.{i}.input_layernorm.weight,
     model.layers.{i}.post_attention_layernorm.weight,
-    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ {q,k,v}_proj.bias for Qwen2),
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ {q,k,v}_proj.bias for Qwen2,
+    + {q,k,v,o}_proj.bias for Llama / Qwen3 with attention_bias),
+    model.layers.{i}.self_attn.{q,k}_norm.weight (Qwen3),
     model.layers.{i}.mlp.{gate,up,down}_proj.weight.
 
 Every config.json key that changes the math is either implemented (sizes, GQA,
-head_dim, rms_norm_eps, rope_theta, tie_word_embeddings, Qwen2's q/k/v bias, dtype)
-or refused with a ValueError naming the key (scaled RoPE, partial rotary, sliding
-windows, Llama's attention_bias (it adds an o_proj bias) and mlp_bias, activations
-other than SiLU, quantization, logit soft-capping and scaling): a target that loads
-but computes something else would make the demo's "lossless" claim meaningless.
-Keys that only matter to training or serving (max_position_embeddings, token ids,
-attention_dropout, pretraining_tp, which splits the same matmuls) are accepted.
+head_dim (Qwen3's default 128 when absent, as transformers), rms_norm_eps, RoPE with
+its scalings in either spelling (DraftModelConfig / specdraft.models.rope_config
+implement or refuse them), tie_word_embeddings, Qwen2's q/k/v bias, Llama's and
+Qwen3's attention_bias (q/k/v and o_proj), Qwen3's q/k-norm, dtype) or refused with a
+ValueError naming the key (sliding windows, mlp_bias, activations other than SiLU,
+quantization, logit soft-capping and scaling): a target that loads but computes
+something else would make the demo's "lossless" claim meaningless. Keys that only
+matter to training or serving (token ids, attention_dropout, pretraining_tp, which
+splits the same matmuls) are accepted.
 """
 
 from __future__ import annotations
@@ -28,25 +33,16 @@ from typing import Any
 import torch
 
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.loading import _strip_prefix, copy_state, read_checkpoint, write_safetensors
+from specdraft.models.formats import FOREIGN_KEYS
+from specdraft.models.loading import copy_state
+from specdraft.models.rope_config import rope_to_hf
+from specdraft.models.safetensors_io import read_checkpoint, strip_model_prefix, write_safetensors
 from specdraft.models.target import TinyTargetModel
 
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+QWEN3_HEAD_DIM = 128  # Qwen3Config's default, whatever the width
 # Kept from config.json on the model's config (config.extra), written back on save.
 KEPT_KEYS = ("max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
-# Keys of other families that change the math; refused whenever set.
-FOREIGN_KEYS = (
-    "quantization_config",
-    "attn_logit_softcapping",
-    "final_logit_softcapping",
-    "logit_scale",
-    "logits_scaling",
-    "embedding_multiplier",
-    "residual_multiplier",
-    "attention_multiplier",
-    "scale_emb",
-    "scale_depth",
-)
 
 
 def check_target_config(hf: dict[str, Any]) -> str:
@@ -58,26 +54,13 @@ def check_target_config(hf: dict[str, Any]) -> str:
         raise ValueError(f"model_type: {model_type!r} is not supported (one of {sorted(MODEL_TYPES)})")
     if "num_hidden_layers" not in hf:
         raise ValueError("num_hidden_layers: missing from the HF config")
-    if model_type == "qwen2" and "num_key_value_heads" not in hf:
-        # Qwen2Config's default (32) is not the number of heads: do not guess.
-        raise ValueError("num_key_value_heads: missing from the Qwen2 config")
+    if model_type != "llama" and "num_key_value_heads" not in hf:
+        # Qwen2Config's / Qwen3Config's default (32) is not the number of heads: do not guess.
+        raise ValueError(f"num_key_value_heads: missing from the {model_type} config")
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"hidden_act: {act!r} is not supported (only silu)")
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = hf.get(key) or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"{key}: expected a dict or null, got {rope!r}")
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{key}: rope type {kind!r} is not supported (only default RoPE)")
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(f"{key}: partial_rotary_factor {rope['partial_rotary_factor']!r} is not supported")
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"partial_rotary_factor: {hf['partial_rotary_factor']!r} is not supported (only 1.0)")
     _check_sliding_window(hf, model_type)
-    if model_type == "llama" and hf.get("attention_bias", False):
-        raise ValueError("attention_bias: Llama's attention_bias adds an o_proj bias, which is not supported")
     if hf.get("mlp_bias", False):
         raise ValueError("mlp_bias: MLP biases are not supported")
     for key in FOREIGN_KEYS:
@@ -87,10 +70,10 @@ def check_target_config(hf: dict[str, Any]) -> str:
 
 
 def _check_sliding_window(hf: dict[str, Any], model_type: str) -> None:
-    # Qwen2 stores a window size it only uses with use_sliding_window; a config with
+    # Qwen2 / Qwen3 store a window size they only use with use_sliding_window; a config with
     # sliding_window and no such switch (Mistral's convention) uses it.
     window = hf.get("sliding_window")
-    use = hf.get("use_sliding_window", model_type != "qwen2")
+    use = hf.get("use_sliding_window", model_type == "llama")
     if window is not None and use:
         raise ValueError(f"sliding_window: sliding-window attention ({window}) is not supported")
     # transformers marks layers "sliding_attention" only when a window is in use (refused
@@ -101,11 +84,16 @@ def _check_sliding_window(hf: dict[str, Any], model_type: str) -> None:
 
 
 def target_config_from_hf(hf: dict[str, Any], dtype: torch.dtype | None = None) -> DraftModelConfig:
-    """The TinyTargetModel config of a Llama / Qwen2 config.json dict (after the
-    refusals of check_target_config)."""
+    """The TinyTargetModel config of a Llama / Qwen2 / Qwen3 config.json dict (after
+    the refusals of check_target_config)."""
     model_type = check_target_config(hf)
-    # Qwen2 always has q/k/v biases and no o_proj bias: attention_bias's meaning here.
-    config = DraftModelConfig.from_hf_config({**hf, "attention_bias": model_type == "qwen2"}, dtype=dtype)
+    if model_type == "qwen2":
+        # Qwen2 always has q/k/v biases (and never an o_proj bias, DraftModelConfig's
+        # reading of attention_bias for this model_type), whatever the key says.
+        hf = {**hf, "attention_bias": True}
+    if model_type == "qwen3" and hf.get("head_dim") is None:
+        hf = {**hf, "head_dim": QWEN3_HEAD_DIM}
+    config = DraftModelConfig.from_hf_config(hf, dtype=dtype)
     extra = {key: hf[key] for key in KEPT_KEYS if hf.get(key) is not None}
     return dataclasses.replace(config, extra={"model_type": model_type, **extra})
 
@@ -113,7 +101,7 @@ def target_config_from_hf(hf: dict[str, Any], dtype: torch.dtype | None = None) 
 def hf_to_module_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF names -> TinyTargetModel's (a leading "model." dropped); old checkpoints'
     rotary_emb.inv_freq buffers are derived, not weights, and are skipped."""
-    return {_strip_prefix(k): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    return {strip_model_prefix(k): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
 
 
 def hf_name(name: str) -> str:
@@ -124,7 +112,7 @@ def hf_name(name: str) -> str:
 def load_target_model(
     folder: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> TinyTargetModel:
-    """A TinyTargetModel from a local Llama / Qwen2 HF folder. dtype overrides
+    """A TinyTargetModel from a local Llama / Qwen2 / Qwen3 HF folder. dtype overrides
     config.json's torch_dtype. Missing, mis-shaped and unexpected tensors are a
     ValueError naming them; so are config keys whose math is not implemented."""
     hf, raw = read_checkpoint(folder)
@@ -145,12 +133,19 @@ def load_target_model(
 
 
 def target_hf_config(model: TinyTargetModel) -> dict[str, Any]:
-    """The config.json of save_target_model: plain Llama (or Qwen2 when the model has
-    q/k/v biases) keys, readable by transformers' LlamaForCausalLM / Qwen2ForCausalLM."""
+    """The config.json of save_target_model, readable by transformers'
+    LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM: Qwen3 when the model has
+    q/k-norm, Qwen2 when it has q/k/v biases without an o_proj bias, else Llama.
+    Scaled RoPE is written in transformers 4's rope_scaling spelling (which
+    transformers 5 reads too)."""
     c = model.config
-    model_type = "qwen2" if c.attention_bias else "llama"
     if c.uses_mrope:
-        raise ValueError("mrope_section: an M-RoPE target has no Llama / Qwen2 config")
+        raise ValueError("mrope_section: an M-RoPE target has no Llama / Qwen2 / Qwen3 config")
+    model_type = "qwen3" if c.qk_norm else "qwen2" if c.attention_bias and not c.o_proj_bias else "llama"
+    if model_type != "qwen2" and c.attention_bias != c.o_proj_bias:
+        raise ValueError(
+            f"o_proj_bias: {c.o_proj_bias} with q/k/v biases {c.attention_bias} has no {model_type} config"
+        )
     extra = {key: c.extra[key] for key in KEPT_KEYS if c.extra.get(key) is not None}
     out = {
         "architectures": [MODEL_TYPES[model_type]],
@@ -165,15 +160,17 @@ def target_hf_config(model: TinyTargetModel) -> dict[str, Any]:
         "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": rope_to_hf(c.rope_scaling, None, False),
         "tie_word_embeddings": model.tied_embeddings,
         "torch_dtype": str(c.dtype).removeprefix("torch."),
         **extra,
     }
     if model_type == "llama":
-        out |= {"attention_bias": False, "mlp_bias": False}
+        out |= {"attention_bias": c.attention_bias, "mlp_bias": False}
     else:
         out |= {"use_sliding_window": False, "sliding_window": None}
+    if model_type == "qwen3":
+        out["attention_bias"] = c.attention_bias
     return out
 
 
