@@ -33,7 +33,48 @@ import time
 CHILD = "--child"
 
 
-def child(what: str, device: str, k: int, defaults: bool) -> dict:
+def build_8b_decoders(device: str, k: int, options, num_reqs: int = 8, max_model_len: int = 512):
+    """(plain, speculative) decoders over bench_generate.py's Llama-3-8B-shaped
+    target (2 decoder layers, bf16, random weights) and 8B-shaped EAGLE-3 head."""
+    import torch
+    from bench_generate import Device, build_8b
+
+    from specdraft.config import SpeculativeConfig
+    from specdraft.demo import BLOCK_SIZE
+    from specdraft.generation import SpeculativeDecoder, num_kv_blocks
+    from specdraft.proposers import EagleProposer
+
+    target, head = build_8b(Device(smoke=device == "cpu"), 2, 32000 if device == "cuda" else 256)
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=k, max_model_len=max_model_len,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    caches = head.allocate_kv_caches(num_kv_blocks(num_reqs, max_model_len, k, BLOCK_SIZE), BLOCK_SIZE)
+    proposer = EagleProposer(head, config, caches)
+    plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=options)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, target.config.vocab_size, (32,), generator=gen).tolist() for _ in range(num_reqs)]
+    return plain, SpeculativeDecoder(target, proposer, compile=options), prompts
+
+
+def first_compile_of_the_process(device: str, options) -> float:
+    """Seconds of one tiny compiled function, with the same options, run first: the
+    compiler stack's one-time cost in a process (importing Dynamo, Inductor and
+    their dependencies, starting the compile workers), paid once whatever is
+    compiled after it, so it is reported apart from the function's own time."""
+    import torch
+
+    def tiny(x):
+        return torch.nn.functional.silu(x) * 2 + 1
+
+    opts = {} if options is True else dict(options)
+    x = torch.randn(64, device=device)
+    start = time.perf_counter()
+    torch.compile(tiny, fullgraph=True, dynamic=False, **opts)(x)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile: bool) -> dict:
     import torch
 
     from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -41,10 +82,17 @@ def child(what: str, device: str, k: int, defaults: bool) -> dict:
     report = {}
     if device == "cpu":
         torch.set_num_threads(1)  # as the demo
+    if precompile:  # Dynamo's own cache: guards and bytecode saved, a warm start skips tracing
+        torch._dynamo.config.caching_precompile = True
     options = True if defaults else compile_options(device, True)
-    plain, spec = build_decoders(device, k, len(PROMPTS), options)
+    if shape == "8b":
+        plain, spec, prompts = build_8b_decoders(device, k, options)
+    else:
+        plain, spec = build_decoders(device, k, len(PROMPTS), options)
+        prompts = encode(PROMPTS)
     decoder = plain if what == "plain iteration" else spec
-    prompts, requests = decoder.requests(encode(PROMPTS), 32, None, None)
+    prompts, requests = decoder.requests(prompts, 32, None, None)
+    report["stack_s"] = first_compile_of_the_process(device, options)
     with torch.no_grad():
         if what == "propose":
             from specdraft.generation.verify import prompt_batch
@@ -81,15 +129,17 @@ def child(what: str, device: str, k: int, defaults: bool) -> dict:
     return report
 
 
-def measure(what: str, device: str, k: int, defaults: bool, cache: str) -> dict:
+def measure(what: str, args, cache: str) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"))
-    cmd = [sys.executable, __file__, CHILD, what, "--device", device, "--k", str(k)]
-    if defaults:
+    cmd = [sys.executable, __file__, CHILD, what, "--device", args.device, "--k", str(args.k), "--shape", args.shape]
+    if args.inductor_defaults:
         cmd.append("--inductor-defaults")
+    if args.precompile:
+        cmd.append("--precompile")
     load = os.getloadavg()[0]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"{what} on {device} failed:\n{out.stderr[-4000:]}")
+        raise SystemExit(f"{what} on {args.device} failed:\n{out.stderr[-4000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
     report["load"] = load
     return report
@@ -105,10 +155,12 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--what", nargs="+", default=["propose", "speculative iteration", "plain iteration"])
     parser.add_argument("--inductor-defaults", action="store_true", help="plain torch.compile, not the demo's options")
+    parser.add_argument("--shape", choices=["demo", "8b"], default="demo", help="the demo pair or 8B-shaped models")
+    parser.add_argument("--precompile", action="store_true", help="torch._dynamo.config.caching_precompile = True")
     parser.add_argument(CHILD, dest="child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults)))
+        print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults, args.shape, args.precompile)))
         return
 
     import torch
@@ -119,8 +171,10 @@ def main(argv=None) -> None:
         "torch.compile defaults" if args.inductor_defaults else f"the demo's: {compile_options(args.device, True)}"
     )
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} CPU cores, 1 torch thread"
-    print(f"Compile time, demo sizes (K = {args.k}); {args.device}: {where}; torch {torch.__version__}")
-    print(f"options: fullgraph=True, dynamic=False, {options}; seconds; load = 1-min load average at start\n")
+    sizes = "demo sizes" if args.shape == "demo" else "8B-shaped target (2 layers) and EAGLE-3 head, B = 8"
+    print(f"Compile time, {sizes} (K = {args.k}); {args.device}: {where}; torch {torch.__version__}")
+    precompile = ", Dynamo caching_precompile" if args.precompile else ""
+    print(f"options: fullgraph=True, dynamic=False, {options}{precompile}; seconds; load = 1-min load average\n")
     headers = [
         "function",
         "cold s",
@@ -128,15 +182,20 @@ def main(argv=None) -> None:
         "backend s",
         "of which kernel builds s",
         "warm s",
+        "first compile of the process (cold / warm) s",
+        "warm Dynamo s",
+        "warm backend s",
         "load (cold / warm)",
     ]
     rows = []
     for what in args.what:
         with tempfile.TemporaryDirectory(prefix="specdraft-compile-") as cache:
-            cold = measure(what, args.device, args.k, args.inductor_defaults, cache)
-            warm = measure(what, args.device, args.k, args.inductor_defaults, cache)
+            cold = measure(what, args, cache)
+            warm = measure(what, args, cache)
         rows.append([what, fmt(cold, "compile_s"), fmt(cold, "dynamo_s"), fmt(cold, "backend_s"),
-                     fmt(cold, "kernel_wait_s"), fmt(warm, "compile_s"), f"{cold['load']:.1f} / {warm['load']:.1f}"])  # fmt: skip
+                     fmt(cold, "kernel_wait_s"), fmt(warm, "compile_s"),
+                     f"{cold['stack_s']:.1f} / {warm['stack_s']:.1f}", fmt(warm, "dynamo_s"), fmt(warm, "backend_s"),
+                     f"{cold['load']:.1f} / {warm['load']:.1f}"])  # fmt: skip
         print(f"  {what}: cold {cold['compile_s']:.1f} s, warm {warm['compile_s']:.1f} s", file=sys.stderr, flush=True)
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
