@@ -12,6 +12,7 @@ from .sampling import draft_sample, noise_uniform, rejection_sample
 from .shift_and_cache import MAX_SHIFT_LIMIT, shift_and_cache_1d, shift_and_cache_hidden
 from .shift_plan import ShiftPlan, shift_plan
 from .step_metadata import PADDING_SLOT_ID, step_metadata
+from .vocab_metrics import VocabMetrics, vocab_metrics
 
 __all__ = [
     "HAS_TRITON",
@@ -39,4 +40,7 @@ __all__ = [
     "draft_sample",
     "noise_uniform",
     "rejection_sample",
+    # training-time draft metrics
+    "VocabMetrics",
+    "vocab_metrics",
 ]

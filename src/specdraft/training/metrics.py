@@ -1,0 +1,202 @@
+"""Training-time draft metrics as float64 sums: per step k of a K-step unroll, over
+packed sequences, with no host sync (the whole computation compiles with
+fullgraph=True, and with dynamic=True one graph serves every sequence length).
+
+Alignment. draft_logits[k, t] is the k-th draft step (k = 0..K-1) from start
+position t: in serving terms, the (k+1)-th token drafted for a request whose window
+ends at t, whose next token x[t+1] is known. It predicts token t+k+2, so its target
+is target_logits[t+k+1], the target model's own output at position t+k+1 (logits as
+the target computes them, unshifted; the row at position j predicts token j+1).
+
+Scored pairs. (k, t) is scored when row t+k+1 lies in t's sequence (cu_seqlens)
+and loss_mask[t+k+1] is set. loss_mask marks target rows, not tokens: from a mask
+over label tokens (token j to be learnt), pass label_mask shifted by one
+(loss_mask[j] = label_mask[j+1]). A full start is a start t whose K pairs are all
+scored; starts near a sequence's end or next to masked rows are not full.
+
+Sums, per step k, each over the scored pairs of step k unless said otherwise:
+- count: the number of scored pairs;
+- matches: greedy matches, the target id of the draft's argmax (through d2t)
+  equal to the target's argmax (ties: the lowest id, as torch.argmax);
+- accept: the expected acceptance sum_x min(p(x), q(x)) at the temperature
+  (ops.vocab_metrics: p, q the tempered target and draft distributions; target
+  mass outside the draft vocabulary never accepts; greedy: the match);
+- accepted_prefix: over full starts, the number whose drafts 0..k all match;
+  summed over k this is the exact per-start acceptance length (the number of
+  leading drafts accepted by greedy verification along the data), a mean of
+  products, where SpecForge's simulated figure is a product of means;
+- starts (one number): the count of full starts;
+- cross_entropy, kl (divergence=True, else empty): the target restricted to the
+  draft vocabulary and renormalised (pd, SpecForge's training target) against the
+  draft q, -sum pd log q and sum pd log(pd / q), at the temperature (1 when greedy).
+
+Exact sums. Every per-pair value is rounded to a multiple of 2**-24 (within 3e-8,
+below an fp32 rounding at 1) before summing in float64, so every sum is exact, and
+hence the same in any order, on any number of ranks, while its magnitude stays
+below 2**29 (5.4e8); beyond that it is ordinary float64 rounding.
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
+from specdraft.ops import vocab_metrics
+
+QUANTUM = 2.0**-24  # the grid per-pair values are rounded to: 2**53 * QUANTUM = 2**29 is the exact range
+
+
+class DraftMetricSums(NamedTuple):
+    """float64 sums of `draft_metrics` (module docstring); add them with `combine`,
+    all-reduce them with `reduce`, turn them into ratios with `finalize`."""
+
+    count: torch.Tensor  # [K] scored (step, start) pairs
+    matches: torch.Tensor  # [K] greedy matches
+    accept: torch.Tensor  # [K] sum of sum_x min(p, q)
+    accepted_prefix: torch.Tensor  # [K] full starts whose drafts 0..k all match
+    starts: torch.Tensor  # [] full starts
+    cross_entropy: torch.Tensor  # [K], or [0] without divergence
+    kl: torch.Tensor  # [K], or [0] without divergence
+
+
+class DraftMetrics(NamedTuple):
+    """Ratios from `finalize`; 0 / 0 is NaN (nothing scored)."""
+
+    accuracy: torch.Tensor  # [K] matches / count
+    acceptance_rate: torch.Tensor  # [K] accept / count
+    accepted_prefix_rate: torch.Tensor  # [K] P(drafts 0..k all accepted), over full starts
+    acceptance_length: torch.Tensor  # [] mean accepted drafts per full start (exact; no bonus token)
+    marginal_acceptance_length: torch.Tensor  # [] sum_k prod_{j<=k} accuracy_j (SpecForge's simulated figure)
+    expected_acceptance_length: torch.Tensor  # [] sum_k prod_{j<=k} acceptance_rate_j (the same with min(p, q))
+    cross_entropy: torch.Tensor  # [K] mean per scored pair, or [0]
+    kl: torch.Tensor  # [K] mean per scored pair, or [0]
+
+
+def _exact(values: torch.Tensor) -> torch.Tensor:
+    """values in float64 on the QUANTUM grid (scaling by a power of two and rounding are exact)."""
+    return torch.round(values.double() / QUANTUM) * QUANTUM
+
+
+def _sequence_ends(cu_seqlens: torch.Tensor | None, positions: torch.Tensor, total: int) -> torch.Tensor:
+    """[T] int64: the end (exclusive) of the sequence holding each position."""
+    if cu_seqlens is None:
+        return torch.full_like(positions, total)
+    ends = cu_seqlens[1:].long()
+    seq = torch.searchsorted(ends, positions, right=True).clamp(max=ends.shape[0] - 1)
+    return ends[seq]
+
+
+def _start_temperatures(temperature, total: int, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float | torch.SymFloat | torch.Tensor):
+        raise ValueError(f"temperature must be a number or an fp32 tensor, got {type(temperature).__name__}")
+    if not isinstance(temperature, torch.Tensor):
+        return torch.full((1,), temperature, dtype=torch.float32, device=like.device).expand(total)
+    check_tensor_arg("temperature", temperature, torch.float32, shape=[(), (total,)], device_of=like)
+    return temperature.expand(total)
+
+
+def draft_metrics(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    *,
+    d2t: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    target_is_probs: bool = False,
+    divergence: bool = False,
+) -> DraftMetricSums:
+    """Per-step float64 sums of the draft's agreement with the target (module docstring).
+
+    draft_logits [K, T, Vd] (step k's logits at every start t; rows contiguous),
+    target_logits [T, V] (the target's output at every position, or probabilities
+    with target_is_probs), fp32 / bf16 / fp16. loss_mask [T] bool or integer (None:
+    every row scored). temperature: a number, a 0-dim fp32 tensor, or fp32 [T] (per
+    start t); T <= 0 is greedy. d2t [Vd]: draft id i is target id i + d2t[i] (None:
+    Vd == V). cu_seqlens [B + 1] int32/int64: packed sequences (None: one sequence);
+    its last entry must be T. Not differentiable: the logits are detached.
+    """
+    check_tensor_arg("draft_logits", draft_logits, FLOAT_DTYPES, shape=(at_least(1, "K"), None, at_least(1, "Vd")),
+                     contiguous="rows")  # fmt: skip
+    num_steps, total, _ = draft_logits.shape
+    check_tensor_arg("target_logits", target_logits, FLOAT_DTYPES, shape=(total, at_least(1, "V")),
+                     contiguous="rows", device_of=draft_logits)  # fmt: skip
+    check_tensor_arg("loss_mask", loss_mask, (torch.bool, *INDEX_DTYPES), shape=(total,), device_of=draft_logits,
+                     optional=True)  # fmt: skip
+    check_tensor_arg("cu_seqlens", cu_seqlens, INDEX_DTYPES, shape=(at_least(2, "B + 1"),), contiguous=True,
+                     device_of=draft_logits, optional=True)  # fmt: skip
+    check_bool("divergence", divergence)
+    temperatures = _start_temperatures(temperature, total, draft_logits)
+    draft_logits, target_logits = draft_logits.detach(), target_logits.detach()
+    device = draft_logits.device
+
+    positions = torch.arange(total, device=device)
+    rows = positions + torch.arange(num_steps, device=device)[:, None] + 1  # [K, T]: the target row of (k, t)
+    row_scored = torch.ones(total, dtype=torch.bool, device=device) if loss_mask is None else loss_mask != 0
+    row_scored = F.pad(row_scored, (0, num_steps + 1))  # rows past the end: never scored
+    scored = (rows < _sequence_ends(cu_seqlens, positions, total)) & row_scored[rows]
+
+    columns = []  # per step: the op's outputs, padded to T (the padding is never scored)
+    for k in range(num_steps):
+        target_rows = target_logits[k + 1 :]
+        n = target_rows.shape[0]
+        out = vocab_metrics(draft_logits[k, :n], target_rows, temperatures[:n], d2t=d2t,
+                            target_is_probs=target_is_probs, divergence=divergence)  # fmt: skip
+        values = (out.draft_token == out.target_token, out.accept)
+        values += (out.cross_entropy, out.kl) if divergence else ()
+        columns.append([F.pad(v, (0, k + 1)) for v in values])
+    match, accept, *divergences = (torch.stack(c) for c in zip(*columns, strict=True))
+
+    def step_sums(values: torch.Tensor) -> torch.Tensor:
+        return torch.where(scored, _exact(values), 0.0).sum(1)
+
+    matched = match & scored
+    full = scored.all(0)
+    prefix = torch.cumprod(matched.long(), 0) * full  # [K, T]: drafts 0..k all matched, full starts only
+    no_divergence = torch.zeros(0, dtype=torch.float64, device=device)
+    return DraftMetricSums(
+        count=scored.sum(1).double(),
+        matches=matched.sum(1).double(),
+        accept=step_sums(accept),
+        accepted_prefix=prefix.sum(1).double(),
+        starts=full.sum().double(),
+        cross_entropy=step_sums(divergences[0]) if divergence else no_divergence,
+        kl=step_sums(divergences[1]) if divergence else no_divergence.clone(),
+    )
+
+
+def combine(a: DraftMetricSums, b: DraftMetricSums) -> DraftMetricSums:
+    """Field-wise a + b: the sums of two batches (exact, module docstring)."""
+    return DraftMetricSums(*(x + y for x, y in zip(a, b, strict=True)))
+
+
+def reduce(sums: DraftMetricSums, group=None) -> DraftMetricSums:
+    """All-reduce (sum) every field across the ranks of `group` in one collective:
+    the fields are flattened into one float64 buffer. Outside torch.distributed (not
+    initialised) returns `sums` unchanged. With NCCL the sums must be on the GPU."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return sums
+    flat = torch.cat([field.reshape(-1) for field in sums])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    pieces = torch.split(flat, [field.numel() for field in sums])
+    return DraftMetricSums(*(piece.reshape(field.shape) for piece, field in zip(pieces, sums, strict=True)))
+
+
+def finalize(sums: DraftMetricSums) -> DraftMetrics:
+    """Ratios from sums (tensors; no host sync). acceptance_length is the number of
+    accepted drafts per verification; add 1 for tokens per target step (the bonus)."""
+    accuracy = sums.matches / sums.count
+    acceptance_rate = sums.accept / sums.count
+    divergence_count = sums.count[: sums.cross_entropy.shape[0]]
+    return DraftMetrics(
+        accuracy=accuracy,
+        acceptance_rate=acceptance_rate,
+        accepted_prefix_rate=sums.accepted_prefix / sums.starts,
+        acceptance_length=sums.accepted_prefix.sum() / sums.starts,
+        marginal_acceptance_length=torch.cumprod(accuracy, 0).sum(),
+        expected_acceptance_length=torch.cumprod(acceptance_rate, 0).sum(),
+        cross_entropy=sums.cross_entropy / divergence_count,
+        kl=sums.kl / divergence_count,
+    )

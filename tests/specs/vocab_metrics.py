@@ -1,0 +1,127 @@
+"""Plain-Python oracles for ops.vocab_metrics (one row at a time, float64: explicit
+softmax, min, sum) and for training.draft_metrics (loops over sequences, starts and
+steps)."""
+
+import math
+
+INF = math.inf
+
+
+def argmax(values: list[float]) -> int:
+    """The first index of the maximum (0 when nothing beats -inf), as torch.argmax."""
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+def logsumexp(z: list[float]) -> float:
+    top = max(z)
+    if top == -INF:
+        return -INF
+    return top + math.log(sum(math.exp(v - top) for v in z))
+
+
+def softmax(z: list[float]) -> list[float]:
+    """exp(z) / sum exp(z); all zeros for a row of -inf (no mass)."""
+    top = max(z)
+    if top == -INF:
+        return [0.0] * len(z)
+    weights = [math.exp(v - top) for v in z]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def log_softmax(z: list[float]) -> list[float]:
+    lse = logsumexp(z)
+    return [-INF if v == -INF or lse == -INF else v - lse for v in z]
+
+
+def row_metrics(draft_row, target_row, temperature: float, d2t=None, target_is_probs=False) -> dict:
+    """Everything ops.vocab_metrics computes for one row, from its definitions."""
+    draft_vocab, vocab = len(draft_row), len(target_row)
+    ids = [i + (0 if d2t is None else d2t[i]) for i in range(draft_vocab)]
+    greedy = not temperature > 0
+    scale = 1.0 if greedy else temperature
+    z_d = [x / scale for x in draft_row]
+    log_t = [(math.log(x) if x > 0 else -INF) for x in target_row] if target_is_probs else list(target_row)
+    z_t = [x / scale for x in log_t]
+    draft_token = ids[argmax(draft_row)]
+    target_token = argmax(target_row)
+    if greedy:  # one-hot p and q
+        q = [1.0 if i == argmax(draft_row) else 0.0 for i in range(draft_vocab)]
+        p = [1.0 if j == target_token else 0.0 for j in range(vocab)]
+    else:
+        q, p = softmax(z_d), softmax(z_t)
+    p_on_draft = [p[j] if 0 <= j < vocab else 0.0 for j in ids]
+    accept = sum(min(a, b) for a, b in zip(q, p_on_draft, strict=True))
+
+    # Divergences: the target restricted to the draft ids, renormalised, against q at `scale`.
+    z_on_draft = [z_t[j] if 0 <= j < vocab else -INF for j in ids]
+    pd = softmax(z_on_draft)
+    log_pd = log_softmax(z_on_draft)
+    log_q = log_softmax(z_d)
+    cross_entropy = sum(-w * lq for w, lq in zip(pd, log_q, strict=True) if w > 0)
+    kl = sum(w * (lp - lq) for w, lp, lq in zip(pd, log_pd, log_q, strict=True) if w > 0)
+    return {
+        "draft_token": draft_token,
+        "target_token": target_token,
+        "draft_lse": logsumexp(z_d),
+        "target_lse": logsumexp(z_t),
+        "accept": accept,
+        "cross_entropy": cross_entropy,
+        "kl": kl,
+    }
+
+
+def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None, target_is_probs=False) -> dict:
+    """training.draft_metrics from its definition. draft[k][t], target[j]: lists of
+    floats; loss_mask[j]: bool per target row; temperatures[t] per start; seq_lens:
+    the packed sequences' lengths. Step k from start t is scored when row t + k + 1
+    is in t's sequence and loss_mask[t + k + 1]; a full start has all K scored; its
+    acceptance length is its number of leading greedy matches."""
+    num_steps = len(draft)
+    sums = {
+        name: [0.0] * num_steps for name in ("count", "matches", "accept", "accepted_prefix", "cross_entropy", "kl")
+    }
+    sums["starts"] = 0.0
+    lengths = []
+    begin = 0
+    for length in seq_lens:
+        end = begin + length
+        for t in range(begin, end):
+            matched = []
+            for k in range(num_steps):
+                row = t + k + 1
+                if row >= end or not loss_mask[row]:
+                    matched.append(None)
+                    continue
+                m = row_metrics(draft[k][t], target[row], temperatures[t], d2t, target_is_probs)
+                match = m["draft_token"] == m["target_token"]
+                matched.append(match)
+                sums["count"][k] += 1
+                sums["matches"][k] += match
+                for name in ("accept", "cross_entropy", "kl"):
+                    sums[name][k] += m[name]
+            if all(v is not None for v in matched):
+                sums["starts"] += 1
+                run = 0
+                while run < num_steps and matched[run]:
+                    run += 1
+                lengths.append(run)
+                for k in range(run):
+                    sums["accepted_prefix"][k] += 1
+        begin = end
+    sums["acceptance_lengths"] = lengths
+    return sums
+
+
+def simulated_acceptance_length(per_step_accuracy: list[float]) -> float:
+    """SpecForge's simulated acceptance length, a product of per-step means:
+    a0 + a0 a1 + a0 a1 a2 + ..."""
+    cumulative, total = 1.0, 0.0
+    for acc in per_step_accuracy:
+        cumulative *= acc
+        total += cumulative
+    return total

@@ -1,0 +1,208 @@
+"""training.draft_metrics against a plain-Python loop over sequences, starts and steps
+(specs.vocab_metrics); finalize against the formulas; exact sums; one fullgraph
+compile, no graph break and no recompile across sequence lengths (dynamic=True)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specdraft.testing import CompileCounts, fresh_compile
+from specdraft.training import DraftMetricSums, combine, draft_metrics, finalize
+
+import specs.vocab_metrics as spec
+
+EXACT_FIELDS = ("count", "matches", "accepted_prefix", "starts")
+FLOAT_FIELDS = ("accept", "cross_entropy", "kl")
+
+
+def make_batch(seed, num_steps, seq_lens, vocab, draft_vocab, *, use_map, dtype=torch.float32, mask_rate=0.2,
+               agree=0.5):  # fmt: skip
+    """Packed sequences with draft logits that partly follow the target (so that
+    greedy matches and accepted runs occur): draft[k, t] = agree * target[t + k + 1]
+    on the draft ids + noise."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(seq_lens)
+    target = torch.randn(total, vocab, generator=g) * 2
+    d2t = None
+    ids = torch.arange(vocab)
+    if use_map:
+        ids = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
+        d2t = ids - torch.arange(draft_vocab)
+    ahead = torch.stack([torch.roll(target, -(k + 1), 0) for k in range(num_steps)])[..., ids]
+    draft = agree * ahead * 2 + torch.randn(num_steps, total, draft_vocab, generator=g)
+    loss_mask = torch.rand(total, generator=g) >= mask_rate
+    cu_seqlens = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return draft.to(dtype), target.to(dtype), loss_mask, cu_seqlens, d2t
+
+
+def to(device, *tensors):
+    """The tensors on device (Python numbers and None pass through)."""
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
+
+
+def spec_sums(draft, target, loss_mask, temperatures, seq_lens, d2t, probs=False) -> dict:
+    k_rows = [[row.tolist() for row in draft[k].double()] for k in range(draft.shape[0])]
+    return spec.draft_metric_sums(k_rows, [row.tolist() for row in target.double()], loss_mask.tolist(),
+                                  temperatures, seq_lens, None if d2t is None else d2t.tolist(), probs)  # fmt: skip
+
+
+def assert_float_close(got: torch.Tensor, want: list[float]):
+    want64 = torch.tensor(want, dtype=torch.float64)
+    infinite = torch.isinf(want64)
+    assert torch.equal(got[infinite], want64[infinite])
+    scale = max([1.0] + [abs(v) for v in want if not math.isinf(v)])
+    assert (got[~infinite] - want64[~infinite]).abs().max().item() <= 2e-5 * scale if (~infinite).any() else True
+
+
+@pytest.mark.kernel
+@given(
+    seed=st.integers(0, 2**16),
+    num_steps=st.integers(1, 3),
+    seq_lens=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    vocab=st.integers(2, 9),
+    use_map=st.booleans(),
+    temperature=st.sampled_from([0.0, 0.7, 1.0, "per start"]),
+    divergence=st.booleans(),
+    probs=st.booleans(),
+)
+def test_sums_and_ratios_match_the_spec(device, seed, num_steps, seq_lens, vocab, use_map, temperature, divergence,
+                                        probs):  # fmt: skip
+    draft_vocab = max(1, vocab - 3) if use_map else vocab
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(seed, num_steps, seq_lens, vocab, draft_vocab,
+                                                           use_map=use_map)  # fmt: skip
+    total = draft.shape[1]
+    if probs:
+        target = torch.softmax(target, -1)
+    if temperature == "per start":
+        temps = [(0.0, 0.5, 1.5)[t % 3] for t in range(total)]
+        temperature = torch.tensor(temps)
+    else:
+        temps = [temperature] * total
+    sums = draft_metrics(*to(device, draft, target, loss_mask, temperature), d2t=to(device, d2t)[0],
+                         cu_seqlens=to(device, cu_seqlens)[0], target_is_probs=probs, divergence=divergence)  # fmt: skip
+    sums = DraftMetricSums(*to("cpu", *sums))
+    want = spec_sums(draft, target, loss_mask, temps, seq_lens, d2t, probs)
+    for name in EXACT_FIELDS:
+        assert getattr(sums, name).tolist() == want[name], name
+    for name in FLOAT_FIELDS:
+        got = getattr(sums, name)
+        assert got.dtype == torch.float64
+        if name != "accept" and not divergence:
+            assert got.shape == (0,)
+            continue
+        assert got.shape == (num_steps,)
+        assert_float_close(got, want[name])
+
+    ratios = finalize(sums)
+    count = want["count"]
+    accuracy = [m / c if c else math.nan for m, c in zip(want["matches"], count, strict=True)]
+    rate = [a / c if c else math.nan for a, c in zip(want["accept"], count, strict=True)]
+    lengths = want["acceptance_lengths"]
+    torch.testing.assert_close(ratios.accuracy, torch.tensor(accuracy, dtype=torch.float64), equal_nan=True)
+    torch.testing.assert_close(ratios.acceptance_rate, torch.tensor(rate, dtype=torch.float64), equal_nan=True)
+    mean_length = sum(lengths) / len(lengths) if lengths else math.nan
+    torch.testing.assert_close(ratios.acceptance_length, torch.tensor(mean_length, dtype=torch.float64),
+                               equal_nan=True)  # fmt: skip
+    torch.testing.assert_close(ratios.marginal_acceptance_length,
+                               torch.tensor(spec.simulated_acceptance_length(accuracy), dtype=torch.float64),
+                               equal_nan=True)  # fmt: skip
+    torch.testing.assert_close(ratios.expected_acceptance_length,
+                               torch.tensor(spec.simulated_acceptance_length(rate), dtype=torch.float64),
+                               equal_nan=True)  # fmt: skip
+
+
+def test_a_mean_of_products_is_not_a_product_of_means():
+    """K = 2, one sequence of 4 positions, every row scored. Full starts: 0 and 1
+    (start 2's step 1 would need row 4). Start 0 drafts both tokens right, start 1
+    neither, start 2's single step is wrong. Per step: accuracy [1/3, 1/2], so the
+    product of means is 1/3 + 1/3 * 1/2 = 0.5; per start the leading runs are 2 and
+    0, a mean of 1.0."""
+    vocab = 4
+    target = torch.eye(vocab) * 5  # row j: argmax j
+    right = lambda row: torch.eye(vocab)[row] * 5  # noqa: E731
+    wrong = lambda row: torch.eye(vocab)[(row + 1) % vocab] * 5  # noqa: E731
+    draft = torch.zeros(2, 4, vocab)
+    draft[0, 0], draft[1, 0] = right(1), right(2)  # start 0: rows 1 and 2
+    draft[0, 1], draft[1, 1] = wrong(2), wrong(3)  # start 1: rows 2 and 3
+    draft[0, 2] = wrong(3)  # start 2: row 3
+    ratios = finalize(draft_metrics(draft, target, temperature=0.0))
+    assert ratios.accuracy.tolist() == [1 / 3, 1 / 2]
+    assert ratios.acceptance_length.item() == 1.0
+    assert ratios.marginal_acceptance_length.item() == pytest.approx(0.5)
+    assert ratios.accepted_prefix_rate.tolist() == [0.5, 0.5]
+
+
+def test_greedy_acceptance_is_the_match_count():
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(4, 3, [6, 9], 7, 5, use_map=True)
+    sums = draft_metrics(draft, target, loss_mask, 0.0, d2t=d2t, cu_seqlens=cu_seqlens)
+    assert torch.equal(sums.accept, sums.matches) and sums.matches.sum() > 0
+
+
+def test_two_batches_combined_equal_the_packed_batch_exactly():
+    """Per-pair values on the 2**-24 grid make every sum exact: the order (here, two
+    batches added afterwards) changes no bit. Temperatures from 0.02 to 2.7 spread the
+    per-pair values over many binades, where plain float64 sums of them do depend on
+    the order (they did for two of these seeds)."""
+    seq_lens = [5, 8, 3, 6]
+    for seed in range(10):
+        draft, target, loss_mask, cu_seqlens, d2t = make_batch(seed, 3, seq_lens, 11, 8, use_map=True, agree=0.2)
+        temperature = torch.exp(torch.rand(draft.shape[1], generator=torch.Generator().manual_seed(seed)) * 5 - 4)
+        options = dict(d2t=d2t, divergence=True)
+        whole = draft_metrics(draft, target, loss_mask, temperature, cu_seqlens=cu_seqlens, **options)
+        cut = 13  # after the first two sequences
+        first = draft_metrics(draft[:, :cut], target[:cut], loss_mask[:cut], temperature[:cut],
+                              cu_seqlens=torch.tensor([0, 5, 13]), **options)  # fmt: skip
+        second = draft_metrics(draft[:, cut:], target[cut:], loss_mask[cut:], temperature[cut:],
+                               cu_seqlens=torch.tensor([0, 3, 9]), **options)  # fmt: skip
+        for name, a, b in zip(DraftMetricSums._fields, combine(first, second), whole, strict=True):
+            assert torch.equal(a, b), (seed, name)
+        assert (whole.accept != whole.accept.round()).all()  # sums of fractions, not integers
+
+
+def test_compiled_fullgraph_without_recompiles_across_lengths(device):
+    def evaluate(draft, target, loss_mask, cu_seqlens, temperature, d2t):
+        sums = draft_metrics(draft, target, loss_mask, temperature, d2t=d2t, cu_seqlens=cu_seqlens, divergence=True)
+        at_one_temperature = draft_metrics(draft, target, loss_mask, 0.5, d2t=d2t, cu_seqlens=cu_seqlens)
+        return sums, finalize(combine(sums, sums)), at_one_temperature
+
+    compiled = fresh_compile(evaluate, fullgraph=True, dynamic=True)
+    with CompileCounts.measure() as counts:
+        for seed, seq_lens in enumerate(([4, 9, 7], [6, 11, 12], [10, 19, 8])):  # T = 20, 29, 37
+            draft, target, loss_mask, cu_seqlens, d2t = make_batch(seed, 3, seq_lens, 23, 17, use_map=True,
+                                                                   dtype=torch.bfloat16)  # fmt: skip
+            temperature = torch.rand(draft.shape[1], generator=torch.Generator().manual_seed(seed)) * 1.5
+            args = to(device, draft, target, loss_mask, cu_seqlens, temperature, d2t)
+            for got, want in zip(compiled(*args), evaluate(*args), strict=True):
+                for a, b in zip(got, want, strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert counts.graph_breaks == 0 and counts.compiles == 1
+
+
+def test_logits_that_require_grad_are_evaluated_without_autograd_state():
+    draft, target, loss_mask, cu_seqlens, _ = make_batch(1, 2, [5, 4], 6, 6, use_map=False)
+    draft.requires_grad_(True)
+    sums = draft_metrics(draft * 1.0, target, loss_mask, 1.0, cu_seqlens=cu_seqlens, divergence=True)
+    assert not any(field.requires_grad for field in sums)
+
+
+def test_bad_input_names_the_argument():
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(0, 2, [4, 3], 6, 4, use_map=True)
+    base = dict(draft_logits=draft, target_logits=target, loss_mask=loss_mask, cu_seqlens=cu_seqlens, d2t=d2t)
+    bad = [
+        ("draft_logits", dict(draft_logits=draft[0])),
+        ("target_logits", dict(target_logits=target[:-1])),
+        ("loss_mask", dict(loss_mask=loss_mask.float())),
+        ("loss_mask", dict(loss_mask=loss_mask[:-1])),
+        ("cu_seqlens", dict(cu_seqlens=cu_seqlens[None])),
+        ("temperature", dict(temperature=True)),
+        ("temperature", dict(temperature=torch.ones(3))),
+        ("divergence", dict(divergence=None)),
+        ("d2t", dict(d2t=None)),
+    ]
+    for name, change in bad:
+        kwargs = {**base, **change}
+        with pytest.raises(ValueError, match=name):
+            draft_metrics(kwargs.pop("draft_logits"), kwargs.pop("target_logits"), **kwargs)
