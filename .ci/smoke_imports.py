@@ -17,17 +17,20 @@ import sysconfig
 from pathlib import Path
 
 # Module -> what its ImportError must mention. These modules hold the Hypothesis
-# strategies (and, today, the value checkers beside them) and import hypothesis at
-# the top, so Python's own "No module named 'hypothesis'" is their message.
+# strategies and import hypothesis at the top, so Python's own "No module named
+# 'hypothesis'" is their message. (The value checkers live in specdraft.value_checks
+# and import without it.)
 NEEDS_EXTRA = {
     "specdraft.testing.batch": "hypothesis",
     "specdraft.testing.expand": "hypothesis",
+    "specdraft.testing.invalid": "hypothesis",
+    "specdraft.testing.invalid_batches": "hypothesis",
     "specdraft.testing.sampling": "hypothesis",
     "specdraft.testing.shift_and_cache": "hypothesis",
 }
 # Names of specdraft.testing that load one of those modules on first use: the
 # error must name the extra to install.
-LAZY_NAMES = {"shift_layouts": "specdraft[testing]", "check_step_metadata_values": "specdraft[testing]"}
+LAZY_NAMES = {"shift_layouts": "specdraft[testing]", "step_layouts": "specdraft[testing]"}
 # Not installed in the smoke venv: the package must work without them.
 ABSENT = ("hypothesis", "triton")
 

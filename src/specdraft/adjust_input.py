@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden, shift_plan
 
 
@@ -85,9 +86,14 @@ def adjust_input(
     slot_mapping must be given exactly when the cache keeps slot mappings.
     `max_query_len` (a Python int bound on the window lengths) keeps the kernels'
     grids small; default: the token count.
+
+    Checked mode (specdraft.checked_mode) checks the windows, sample indices, seq_lens
+    and cached lengths (shift_plan's value checks). Out of contract (unchecked mode)
+    nothing is read or written outside the tensors: windows are clipped to the
+    batch, cache rows outside [0, MAX_SHIFT) are not read.
     """
-    if (slot_mapping is None) != (cache.slot_mapping is None):
-        raise ValueError("slot_mapping must be given exactly when the cache keeps slot mappings")
+    check_adjust_inputs(token_ids, positions, hidden_states, query_start_loc, seq_lens, cache,
+                        token_indices_to_sample, slot_mapping, max_query_len)  # fmt: skip
     plan = shift_plan(query_start_loc, positions, token_indices_to_sample, seq_lens, cache.cached_lens, cache.max_shift)
     args = (query_start_loc, plan.token_indices_to_sample, plan.shift, cache.cached_lens, max_query_len)
 
@@ -105,3 +111,40 @@ def adjust_input(
     return AdjustedInput(
         out_ids, out_positions, out_hidden, out_slots, plan.token_indices_to_sample, plan.seq_lens, plan.shift
     )
+
+
+def check_adjust_inputs(
+    token_ids, positions, hidden_states, query_start_loc, seq_lens, cache: ShiftCache, token_indices_to_sample,
+    slot_mapping, max_query_len,
+) -> None:  # fmt: skip
+    """adjust_input's free checks, with its own argument names (the shift ops below
+    would name theirs: src, dst, cache)."""
+    if not isinstance(cache, ShiftCache):
+        raise ValueError(f"cache must be a ShiftCache, got {type(cache).__name__}")
+    if (slot_mapping is None) != (cache.slot_mapping is None):
+        raise ValueError("slot_mapping must be given exactly when the cache keeps slot mappings")
+    check_tensor_arg("token_ids", token_ids, INDEX_DTYPES, rank=1)
+    num_tokens = token_ids.shape[0]
+    check_tensor_arg("positions", positions, INDEX_DTYPES, shape=[(num_tokens,), (None, num_tokens)],
+                     device_of=token_ids)  # fmt: skip
+    check_tensor_arg("hidden_states", hidden_states, FLOAT_DTYPES, shape=(num_tokens, None), device_of=token_ids)
+    check_tensor_arg("query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),),
+                     device_of=token_ids)  # fmt: skip
+    num_reqs = query_start_loc.shape[0] - 1
+    check_tensor_arg("seq_lens", seq_lens, INDEX_DTYPES, shape=(num_reqs,), device_of=token_ids)
+    check_tensor_arg("token_indices_to_sample", token_indices_to_sample, INDEX_DTYPES, shape=(num_reqs,),
+                     device_of=token_ids, optional=True)  # fmt: skip
+    check_tensor_arg("slot_mapping", slot_mapping, INDEX_DTYPES, shape=(num_tokens,), device_of=token_ids,
+                     optional=True)  # fmt: skip
+    max_shift = cache.max_shift
+    check_tensor_arg("cache.token_ids", cache.token_ids, token_ids.dtype, shape=(num_reqs, max_shift),
+                     device_of=token_ids)  # fmt: skip
+    check_tensor_arg("cache.positions", cache.positions, positions.dtype,
+                     shape=(*positions.shape[:-1], num_reqs, max_shift), device_of=token_ids)  # fmt: skip
+    check_tensor_arg("cache.hidden_states", cache.hidden_states, hidden_states.dtype,
+                     shape=(num_reqs, max_shift, hidden_states.shape[1]), device_of=token_ids)  # fmt: skip
+    check_tensor_arg("cache.cached_lens", cache.cached_lens, INDEX_DTYPES, shape=(num_reqs,), device_of=token_ids)
+    if slot_mapping is not None:
+        check_tensor_arg("cache.slot_mapping", cache.slot_mapping, slot_mapping.dtype, shape=(num_reqs, max_shift),
+                         device_of=token_ids)  # fmt: skip
+    check_int_range("max_query_len", max_query_len, 0, optional=True)

@@ -184,7 +184,7 @@ def test_value_checker_accepts_generated_layouts():
         ({"query_start_loc": [0, 3, 2]}, "query_start_loc"),
         ({"num_rejected_tokens": [4, 0]}, "num_rejected_tokens"),
         ({"cu_num_draft_tokens": [3, 3]}, "cu_num_draft_tokens"),  # 3 drafts in a 3-token window
-        ({"valid_sampled_tokens_count": [0, 1]}, "valid_sampled_tokens_count"),
+        ({"valid_sampled_tokens_count": [4, 1]}, "valid_sampled_tokens_count"),  # > drafts + 1
     ],
 )
 def test_value_checker_names_the_argument(change, argument):

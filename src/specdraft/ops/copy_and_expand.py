@@ -35,8 +35,10 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_bool, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
+from specdraft.value_checks import check_copy_and_expand_values
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
@@ -93,7 +95,11 @@ def _copy_and_expand_kernel(
     growth = num_slots - SHIFT
     start = tl.load(query_start_loc_ptr + req).to(tl.int64)
     stop = tl.load(query_start_loc_ptr + req + 1, mask=is_req, other=num_tokens_in).to(tl.int64)
-    length = tl.maximum(stop - start, 0)
+    # Windows clipped to the input: a no-op in contract; out of it, a garbage bound
+    # must not run the strided loop below for ages (the reference clips alike).
+    start = tl.minimum(tl.maximum(start, 0), num_tokens_in)
+    stop = tl.minimum(tl.maximum(stop, start), num_tokens_in)
+    length = stop - start
     rejected = 0
     if HAS_REJECTED:
         rejected = tl.load(rejected_ptr + req, mask=is_req, other=0).to(tl.int64)
@@ -170,9 +176,11 @@ def copy_and_expand_inputs_reference(
     # Per request, plus the tail past the batch as request num_reqs (as in the kernel).
     req = torch.arange(num_reqs + 1, device=device)
     is_req = req < num_reqs
-    starts = query_start_loc.long()
-    stops = torch.cat([starts[1:], starts.new_full((1,), num_in)])
-    lengths = (stops - starts).clamp(min=0)
+    raw = query_start_loc.long()
+    starts = raw.clamp(0, num_in)  # windows clipped to the input, as in the kernel
+    stops = torch.cat([raw[1:], raw.new_full((1,), num_in)])
+    stops = torch.maximum(stops, starts).clamp(max=num_in)
+    lengths = stops - starts
     rejected = torch.zeros_like(starts)
     if num_rejected_tokens is not None:
         rejected = torch.cat([num_rejected_tokens.long(), rejected[:1]])
@@ -317,6 +325,12 @@ def copy_and_expand_inputs(
         Injective: `out.index_copy_(0, hidden_state_mapping, hidden_states)` fills
         T_in of the T_out rows; the P - shift slots per request it leaves out are
         the caller's to initialise.
+
+    Out of contract (unchecked mode): windows are clipped to [0, T_in] (a decreasing
+    one is empty) and nothing is read or written outside the tensors;
+    new_token_indices then stay in [0, T_out); hidden_state_mapping entries of
+    tokens no window covers (query_start_loc[0] > 0) are unspecified, and a caller
+    indexing with them clamps (the proposers do).
     """
     check_tensor_arg("target_token_ids", target_token_ids, INDEX_DTYPES, rank=1, contiguous=True)
     num_in = target_token_ids.shape[0]
@@ -341,6 +355,8 @@ def copy_and_expand_inputs(
     check_bool("shift_input_ids", shift_input_ids)
     max_query_len = num_in if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
+    if is_checked():
+        check_copy_and_expand_values(query_start_loc, num_rejected_tokens, num_in)
     return ExpandedInputs(
         *_copy_and_expand_op(
             target_token_ids,

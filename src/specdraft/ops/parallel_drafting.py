@@ -20,8 +20,10 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID, window_of
+from specdraft.value_checks import check_extend_queries_values, check_new_slot_mapping_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -65,6 +67,10 @@ def _new_slot_mapping_kernel(
     is_req = req < num_reqs
     start = tl.load(query_start_loc_ptr + req).to(tl.int64)
     stop = tl.load(query_start_loc_ptr + req + 1, mask=is_req, other=num_tokens).to(tl.int64)
+    # Clipped to [0, T]: the same tokens get written (stores are masked to [0, T)
+    # anyway), but a garbage bound cannot make the strided loop run for ages.
+    start = tl.minimum(tl.maximum(start, 0), num_tokens)
+    stop = tl.minimum(tl.maximum(stop, start), num_tokens)
     row = block_table_ptr + tl.where(is_req, req, 0).to(tl.int64) * block_table_stride0  # tail: never read
 
     lanes = tl.arange(0, BLOCK).to(tl.int64)
@@ -215,6 +221,10 @@ def new_slot_mapping(
     >= max_model_len, where the slot is rejected, and for slots past
     query_start_loc[-1]. max_query_len: Python-int hint of the longest expanded
     window, sizes the grid only (default T); results never depend on it.
+
+    Out of contract (unchecked mode): the block table is read only inside its
+    shape (the block number is capped at W - 1, the row at B - 1); a block id
+    outside the KV cache gives a slot outside it, which write_kv_cache skips.
     """
     check_tensor_arg("positions", positions, INDEX_DTYPES, rank=1, contiguous=True)
     num_tokens = positions.shape[0]
@@ -232,6 +242,10 @@ def new_slot_mapping(
     check_int_range("max_model_len", max_model_len, 1)
     max_query_len = num_tokens if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
+    if is_checked():
+        check_new_slot_mapping_values(
+            positions, is_rejected_token_mask, query_start_loc, block_table, block_size, max_model_len
+        )
     return _new_slot_mapping_op(
         positions, is_rejected_token_mask, query_start_loc, block_table, block_size, max_model_len, max_query_len
     )
@@ -257,6 +271,8 @@ def extend_queries_by_n(
     check_int_range("n", n, 0)
     check_int_range("max_query_len", max_query_len, 0, optional=True)
     check_int_range("max_seq_len", max_seq_len, 0, optional=True)
+    if is_checked():
+        check_extend_queries_values(query_start_loc, seq_lens)
     new_query_start_loc, new_seq_lens = _extend_queries_by_n_op(query_start_loc, seq_lens, n)
     return ExtendedQueries(
         new_query_start_loc,

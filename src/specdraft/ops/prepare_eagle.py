@@ -10,8 +10,10 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
+from specdraft.value_checks import check_rejection_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -141,6 +143,10 @@ def prepare_eagle_input(
     cu_num_tokens[b] = kept length of request b; token_indices holds, request after
     request, the first kept-length indices of each window. Rows at or past the kept
     total are 0 (a valid row to gather from whenever the batch has a token).
+
+    Out of contract (unchecked mode): decreasing windows count as empty; the indices
+    stay inside the windows given, which need not be inside the batch: a caller
+    gathering with them clamps (the proposers do).
     """
     check_tensor_arg("cu_target_query_lens", cu_target_query_lens, INDEX_DTYPES, shape=(at_least(1, "B + 1"),))
     num_reqs = cu_target_query_lens.shape[0] - 1
@@ -148,4 +154,6 @@ def prepare_eagle_input(
         "num_rejected_tokens", num_rejected_tokens, INDEX_DTYPES, shape=(num_reqs,), device_of=cu_target_query_lens
     )
     check_int_range("num_tokens", num_tokens, 0)
+    if is_checked():
+        check_rejection_values(cu_target_query_lens, num_rejected_tokens, name="cu_target_query_lens")
     return EagleInputs(*_prepare_eagle_input_op(cu_target_query_lens, num_rejected_tokens, num_tokens))

@@ -14,7 +14,9 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
+from specdraft.value_checks import check_next_token_values, check_rejection_values
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
@@ -55,11 +57,14 @@ def _prepare_inputs_padded_kernel(
     cu_prev = tl.load(cu_draft_ptr + r - 1, mask=mask & (r > 0), other=0).to(tl.int64)
     num_drafts = cu_draft - cu_prev
     valid = tl.load(valid_count_ptr + r, mask=mask, other=0).to(tl.int64)
-    # Clamped to [0, num_drafts]: in contract (1 <= valid <= drafts + 1) a no-op; a
-    # discarded request with drafts (valid = 0) would otherwise sample the token
-    # before its window, as vLLM's kernel does.
-    rejected = tl.minimum(tl.maximum(num_drafts + 1 - valid, 0), tl.maximum(num_drafts, 0))
+    first = tl.load(query_start_loc_ptr + r, mask=mask, other=0).to(tl.int64)
     last = tl.load(query_start_loc_ptr + r + 1, mask=mask, other=0).to(tl.int64) - 1
+    # Clamped to [0, min(num_drafts, window - 1)]: in contract (1 <= valid <= drafts
+    # + 1 <= window) a no-op; a discarded request with drafts (valid = 0) would
+    # otherwise sample the token before its window, as vLLM's kernel does, and so
+    # would a draft count larger than the window (out of contract).
+    most = tl.maximum(tl.minimum(num_drafts, last - first), 0)
+    rejected = tl.minimum(tl.maximum(num_drafts + 1 - valid, 0), most)
     tl.store(sample_out_ptr + r, (last - rejected).to(sample_out_ptr.dtype.element_ty), mask=mask)
     tl.store(rejected_out_ptr + r, rejected.to(rejected_out_ptr.dtype.element_ty), mask=mask)
 
@@ -120,8 +125,9 @@ def prepare_inputs_padded_reference(
     cu = cu_num_draft_tokens.long()
     num_drafts = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
     rejected = num_drafts + 1 - valid_sampled_tokens_count.long()
-    rejected = torch.minimum(rejected.clamp(min=0), num_drafts.clamp(min=0))
     last = query_start_loc[1:].long() - 1
+    most = torch.minimum(num_drafts, last - query_start_loc[:-1].long()).clamp(min=0)
+    rejected = torch.minimum(rejected.clamp(min=0), most)
     dtype = query_start_loc.dtype
     return (last - rejected).to(dtype), rejected.to(dtype)
 
@@ -205,9 +211,14 @@ def prepare_inputs_padded(
     returned by `prepare_next_token_padded`). query_start_loc: [B+1].
 
     rejected = drafts + 1 - valid (0 for a request without drafts), clamped to
-    [0, drafts]; token_indices_to_sample = query_start_loc[b+1] - 1 - rejected.
+    [0, drafts] (valid = 0, a discarded request, rejects every draft);
+    token_indices_to_sample = query_start_loc[b+1] - 1 - rejected.
     Returns `PaddedInputs(token_indices_to_sample, num_rejected_tokens)`, [B] each, in
     the dtype of query_start_loc.
+
+    Out of contract (unchecked mode): rejected is also clamped to window - 1, so the
+    sample index stays inside a non-empty window whatever the counts (e.g. an
+    exclusive cumulative sum).
     """
     check_tensor_arg("query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),))
     num_reqs = query_start_loc.shape[0] - 1
@@ -218,6 +229,8 @@ def prepare_inputs_padded(
         "valid_sampled_tokens_count", valid_sampled_tokens_count, INDEX_DTYPES, shape=(num_reqs,),
         device_of=query_start_loc,
     )  # fmt: skip
+    if is_checked():
+        check_rejection_values(query_start_loc, None, cu_num_draft_tokens, valid_sampled_tokens_count)
     return PaddedInputs(*_prepare_inputs_padded_op(cu_num_draft_tokens, valid_sampled_tokens_count, query_start_loc))
 
 
@@ -247,6 +260,8 @@ def prepare_next_token_padded(
         "backup_next_token_ids", backup_next_token_ids, INDEX_DTYPES, shape=(num_reqs,), device_of=sampled_token_ids
     )
     check_int_range("vocab_size", vocab_size, 1)
+    if is_checked():
+        check_next_token_values(backup_next_token_ids, vocab_size)
     return NextTokens(
         *_prepare_next_token_padded_op(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size)
     )

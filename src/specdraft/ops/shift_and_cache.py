@@ -24,8 +24,10 @@ program reads what another program writes, at any window length.
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, between, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
+from specdraft.value_checks import check_shift_and_cache_values
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
@@ -94,7 +96,8 @@ def _shift_and_cache_1d_kernel(
 
     i = blk * BLOCK_TOKENS + tl.arange(0, BLOCK_TOKENS).to(tl.int64)
     tok = start + i
-    in_window = (tok < stop) & (tok < num_tokens)
+    # tok >= 0: a negative query_start_loc (out of contract) must not store before dst.
+    in_window = (tok >= 0) & (tok < stop) & (tok < num_tokens)
     values = _shifted_1d(src_row, cache_row, start, i, shift, cached_len, num_tokens, in_window, MAX_SHIFT)
     tl.store(dst_row + tok, values, mask=in_window)
 
@@ -153,7 +156,8 @@ def _shift_and_cache_hidden_kernel(
 
     i = blk * BLOCK_TOKENS + tl.arange(0, BLOCK_TOKENS).to(tl.int64)
     tok = start + i
-    in_window = (tok < stop) & (tok < num_tokens)
+    # tok >= 0: a negative query_start_loc (out of contract) must not store before dst.
+    in_window = (tok >= 0) & (tok < stop) & (tok < num_tokens)
     values = _shifted_hidden(
         src_ptr, cache_req, cols, col_mask, start, i, shift, cached_len, num_tokens, hidden,
         in_window, MAX_SHIFT,
@@ -355,6 +359,11 @@ def shift_and_cache_1d(
     cache is rewritten whole (rows past the new cached length are zeroed).
     max_query_len: a Python-int upper bound of the window lengths; it sizes the
     grid without a host sync (default: T, always safe, larger grid).
+
+    Out of contract (unchecked mode; checked mode raises instead): nothing is read
+    or written outside src, dst and cache. Windows are clipped to [0, T); rows a
+    too-small max_query_len keeps the kernel from reaching stay as they were;
+    overlapping windows leave their common rows unspecified.
     """
     check_tensor_arg("src", src, INDEX_DTYPES, rank=(1, 2), contiguous=True)
     num_reqs = _check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, device_of=src)
@@ -367,6 +376,10 @@ def shift_and_cache_1d(
     )
     max_query_len = src.shape[-1] if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
+    if is_checked():
+        check_shift_and_cache_values(
+            query_start_loc, token_indices_to_sample, shift, cached_lens, cache.shape[-1], src.shape[-1]
+        )
     _shift_and_cache_1d_op(src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens, max_query_len)
 
 
@@ -393,6 +406,10 @@ def shift_and_cache_hidden(
     )
     max_query_len = src.shape[0] if max_query_len is None else max_query_len
     check_int_range("max_query_len", max_query_len, 0)
+    if is_checked():
+        check_shift_and_cache_values(
+            query_start_loc, token_indices_to_sample, shift, cached_lens, cache.shape[1], src.shape[0]
+        )
     _shift_and_cache_hidden_op(
         src, dst, cache, query_start_loc, token_indices_to_sample, shift, cached_lens, max_query_len
     )

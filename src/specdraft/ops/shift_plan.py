@@ -17,7 +17,9 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
+from specdraft.value_checks import check_shift_plan_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 from .shift_and_cache import MAX_SHIFT_LIMIT
@@ -56,7 +58,8 @@ def _shift_plan_kernel(
     seq_len = tl.load(seq_lens_ptr + req, mask=mask, other=0).to(tl.int64)
     cached_len = tl.load(cached_lens_ptr + req, mask=mask, other=0).to(tl.int64)
     # An empty window has no first token; its position reads as 0 (no shift).
-    first_pos = tl.load(positions_ptr + start, mask=mask & (start < num_tokens), other=0)
+    has_first = mask & (start >= 0) & (start < num_tokens)  # start < 0: out of contract, read nothing
+    first_pos = tl.load(positions_ptr + start, mask=has_first, other=0)
 
     shift = tl.minimum(stop - 1 - sample, first_pos.to(tl.int64))
     shift = tl.minimum(tl.maximum(shift, 0), cached_len)
@@ -86,8 +89,8 @@ def shift_plan_reference(
     if num_tokens == 0:
         first_pos = torch.zeros_like(start)
     else:
-        gathered = first_row[start.clamp(max=num_tokens - 1)].long()
-        first_pos = torch.where(start < num_tokens, gathered, 0)
+        gathered = first_row[start.clamp(0, num_tokens - 1)].long()
+        first_pos = torch.where((start >= 0) & (start < num_tokens), gathered, 0)
     shift = torch.minimum(stop - 1 - sample, first_pos).clamp(min=0)
     shift = torch.minimum(shift, cached_lens.long())
     sample = sample + shift
@@ -149,6 +152,10 @@ def shift_plan(
     Unlike vLLM, which moves the sample index and seq_lens by the shift *before*
     limiting it by the cached length, all outputs here use the one limited shift,
     so the moved index always points at the token the data moved to.
+
+    Out of contract (unchecked mode): a window starting outside the positions reads
+    its first position as 0; every output is computed elementwise, so the outputs
+    are defined but meaningless.
     """
     check_tensor_arg("query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),))
     num_reqs = query_start_loc.shape[0] - 1
@@ -161,6 +168,8 @@ def shift_plan(
     check_tensor_arg("cached_lens", cached_lens, INDEX_DTYPES, shape=(num_reqs,), device_of=query_start_loc)
     check_tensor_arg("positions", positions, INDEX_DTYPES, rank=(1, 2), contiguous=True, device_of=query_start_loc)
     check_int_range("max_shift", max_shift, 1, MAX_SHIFT_LIMIT)
+    if is_checked():
+        check_shift_plan_values(query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens, max_shift)
     return ShiftPlan(
         *_shift_plan_op(query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens, max_shift)
     )

@@ -36,8 +36,10 @@ its KV into its own block 0.)
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, between, check_all_distinct, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID
+from specdraft.value_checks import check_step_metadata_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -212,6 +214,11 @@ def step_metadata(
     Written: positions, seq_lens, slot_mapping, clamped_positions, seq_index; nothing
     else. One launch, no host sync. Aliased buffers (e.g. clamped_positions the same
     tensor as positions) are refused with a ValueError.
+
+    Out of contract (unchecked mode): a negative index clamps like one past
+    max_model_len (position 0, PAD slot); the block number is capped at the last
+    column, so the table is never read outside; a block id outside the KV cache
+    gives a slot outside it, which write_kv_cache skips.
     """
     check_tensor_arg(
         "positions", positions, INDEX_DTYPES, shape=[(None,), (between(1, MAX_POSITION_ROWS, "R"), None)],
@@ -245,6 +252,10 @@ def step_metadata(
     if seq_index is not None:
         buffers["seq_index"] = seq_index
     check_all_distinct(buffers)
+    if is_checked():
+        check_step_metadata_values(
+            positions, seq_lens, block_table, max_model_len, block_size=block_size, seq_index=seq_index
+        )
     args = (positions, seq_lens, block_table, slot_mapping, clamped_positions, block_size, max_model_len)
     if seq_index is None:
         _step_metadata_op(*args)

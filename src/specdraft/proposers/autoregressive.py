@@ -36,25 +36,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import check_shape
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.ops import copy_and_expand_inputs
-from specdraft.proposers.checks import check_batch
+from specdraft.proposers.base import Proposer
+from specdraft.proposers.checks import check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
     DraftSampler,
-    Proposer,
     StepState,
     advance,
     allocate_draft_probs,
     bounded,
+    clamp_ids,
+    clamp_rows,
     decode_n_tokens,
     first_row,
     first_step_state,
     one_group,
     static_min,
 )
+from specdraft.proposers.value_checks import check_propose_values
 
 
 class DraftLM(nn.Module):
@@ -184,7 +188,14 @@ class AutoregressiveSpeculator(Proposer):
         (multimodal): used instead of the embedding of target_token_ids; the next token
         is always embedded from its id.
         """
-        num_tokens = check_batch(target_token_ids, target_positions, next_token_ids, metadata)
+        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        num_tokens, _ = check_propose_inputs(self, *args, sampling, num_rejected_tokens=num_rejected_tokens,
+                                             reads_hidden=False)  # fmt: skip
+        if is_checked():
+            # The next token at the kept length, then K - 1 steps (or one slot, held).
+            steps = self.num_speculative_tokens if self.advance_draft_positions else 1
+            check_propose_values(self, *args, sampling, num_rejected_tokens=num_rejected_tokens, draft_steps=steps,
+                                 reads_hidden=False)  # fmt: skip
         if inputs_embeds is not None:
             check_shape("inputs_embeds", inputs_embeds, (num_tokens, self.model.config.hidden_size))
         metadata = bounded(metadata, self.config.block_size)
@@ -198,26 +209,30 @@ class AutoregressiveSpeculator(Proposer):
         if num_rejected_tokens is not None:
             last = last - num_rejected_tokens.long()
             kept = kept - num_rejected_tokens.to(kept.dtype)
+        last = clamp_rows(last, num_tokens)
         # The next token: one step on from the last kept token (position, slot, seq_len).
         state = first_step_state(target_positions, last, kept, None, metadata)
         advance(state, 0, block_size=self.config.block_size, max_model_len=self.config.max_model_len)
-        new_index = expanded.new_token_indices.long()
+        vocab, num_out = self.model.config.vocab_size, expanded.input_ids.shape[0]
+        input_ids = clamp_ids(expanded.input_ids, vocab)
+        new_index = clamp_rows(expanded.new_token_indices, num_out)
+        mapping = clamp_rows(expanded.hidden_state_mapping, num_out)
         embeds = None
         if inputs_embeds is not None:
-            embeds = self.model.embed_input_ids(expanded.input_ids)
-            embeds = embeds.index_copy(0, expanded.hidden_state_mapping.long(), inputs_embeds.to(embeds.dtype))
-            embeds = embeds.index_copy(0, new_index, self.model.embed_input_ids(next_token_ids))
+            embeds = self.model.embed_input_ids(input_ids)
+            embeds = embeds.index_copy(0, mapping, inputs_embeds.to(embeds.dtype))
+            embeds = embeds.index_copy(0, new_index, self.model.embed_input_ids(clamp_ids(next_token_ids, vocab)))
         h_sample, h_next = self.model(
-            expanded.input_ids,
-            prefill_positions(target_positions, expanded, new_index, state),
+            input_ids,
+            prefill_positions(target_positions, expanded, mapping, new_index, state),
             None,
-            prefill_batch(metadata, expanded, new_index, state, self.config.block_size),
+            prefill_batch(metadata, expanded, mapping, new_index, state, self.config.block_size),
             self.kv_caches,
             spec_step_idx=0,
             inputs_embeds=embeds,
         )
         state.hidden_states = h_next.index_select(0, new_index)
-        vocab, device = self.model.config.vocab_size, next_token_ids.device
+        device = next_token_ids.device
         sample = DraftSampler(
             self.config, sampling, allocate_draft_probs(self.config, vocab, metadata.num_reqs, device)
         )
@@ -256,11 +271,11 @@ def advance_or_hold(state: StepState, step: int, *, moving: bool, block_size: in
         advance(state, step, block_size=block_size, max_model_len=max_model_len)
 
 
-def prefill_batch(metadata: BatchMetadata, expanded, new_index, state: StepState, block_size: int) -> BatchMetadata:
-    """The prefill pass's batch: every window one token longer (its next token)."""
+def prefill_batch(metadata: BatchMetadata, expanded, mapping, new_index, state: StepState, block_size: int):
+    """The prefill pass's batch: every window one token longer (its next token).
+    mapping, new_index: expanded's hidden_state_mapping and new_token_indices, clamped."""
     num_reqs = metadata.num_reqs
     device = metadata.slot_mapping.device
-    mapping = expanded.hidden_state_mapping.long()
     num_out = expanded.input_ids.shape[0]
     slots = torch.full((num_out,), PADDING_SLOT_ID, dtype=torch.int64, device=device)
     slots = slots.index_copy(0, mapping, metadata.slot_mapping.to(torch.int64))
@@ -281,11 +296,11 @@ def prefill_batch(metadata: BatchMetadata, expanded, new_index, state: StepState
     )
 
 
-def prefill_positions(target_positions, expanded, new_index, state: StepState) -> torch.Tensor:
+def prefill_positions(target_positions, expanded, mapping, new_index, state: StepState) -> torch.Tensor:
     """Kept rows keep their (M-RoPE) positions, the next token gets its clamped
     position, rejected rows 0."""
     dim = target_positions.dim() - 1
     shape = (*target_positions.shape[:-1], expanded.input_ids.shape[0])
-    out = target_positions.new_zeros(shape).index_copy(dim, expanded.hidden_state_mapping.long(), target_positions)
+    out = target_positions.new_zeros(shape).index_copy(dim, mapping, target_positions)
     out = torch.where(expanded.is_rejected_token_mask, 0, out)
     return out.index_copy(dim, new_index, state.clamped_positions.to(out.dtype))

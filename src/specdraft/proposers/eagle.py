@@ -13,22 +13,26 @@ import functools
 
 import torch
 
-from specdraft.config import SamplingParams
+from specdraft.checked_mode import is_checked
+from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata, window_of
 from specdraft.ops import copy_and_expand_inputs, extend_queries_by_n, new_slot_mapping
-from specdraft.proposers.checks import check_propose_inputs
+from specdraft.proposers.base import Proposer
+from specdraft.proposers.checks import check_method, check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
     DraftSampler,
-    Proposer,
     advance,
     allocate_draft_probs,
     bounded,
+    clamp_ids,
+    clamp_rows,
     draft_k_tokens,
     first_row,
     static_min,
     step_counter,
 )
+from specdraft.proposers.value_checks import check_propose_values
 
 
 def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
@@ -49,7 +53,24 @@ def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
 class EagleProposer(Proposer):
     """Drafts K tokens per request with an EAGLE-1, EAGLE-3 or MTP head
     (specdraft.models.heads): `propose`, or after verification `propose_padded` /
-    `propose_unpadded` (specdraft.proposers.loop.Proposer)."""
+    `propose_unpadded` (specdraft.proposers.base.Proposer)."""
+
+    def __init__(self, model: torch.nn.Module, config: SpeculativeConfig, kv_caches: list[torch.Tensor]) -> None:
+        super().__init__(model, config, kv_caches)
+        check_method(model, config.method)
+        token, vocab = config.parallel_drafting_token_id, model.config.vocab_size
+        if config.parallel_drafting and token >= vocab:
+            raise ValueError(f"parallel_drafting_token_id = {token} is outside the head's vocabulary [0, {vocab})")
+
+    def check_inputs(self, args, sampling, token_indices_to_sample, num_rejected_tokens) -> None:
+        """The free checks, and checked mode's value checks (draft steps: K - 1)."""
+        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                             num_rejected_tokens=num_rejected_tokens)  # fmt: skip
+        if is_checked():
+            check_propose_values(
+                self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                num_rejected_tokens=num_rejected_tokens, draft_steps=self.num_speculative_tokens - 1,
+            )  # fmt: skip
 
     def propose(
         self,
@@ -81,7 +102,8 @@ class EagleProposer(Proposer):
                 target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
                 num_rejected_tokens=num_rejected_tokens,
             )  # fmt: skip
-        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        self.check_inputs(args, sampling, token_indices_to_sample, num_rejected_tokens)
         metadata = bounded(metadata, self.config.block_size)
         return draft_k_tokens(
             self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
@@ -113,7 +135,8 @@ class EagleProposer(Proposer):
         max_model_len limit follow each token's index in its sequence (the window
         is the last tokens of seq_lens); with M-RoPE that is not a positions row
         (images compress them). M-RoPE rotary positions: see `expanded_positions`."""
-        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        self.check_inputs(args, sampling, None, num_rejected_tokens)
         metadata = bounded(metadata, self.config.block_size)
         k, num_reqs = self.num_speculative_tokens, metadata.num_reqs
         qsl = metadata.query_start_loc
@@ -143,8 +166,9 @@ class EagleProposer(Proposer):
                 metadata.block_table.shape[1] * self.config.block_size,
             ),
         )
-        h_sample, _ = self.model(expanded.input_ids, positions, hidden, attn, self.kv_caches, spec_step_idx=0)
-        index = expanded.new_token_indices.long()  # [B * K], request-major
+        input_ids = clamp_ids(expanded.input_ids, self.model.config.vocab_size)
+        h_sample, _ = self.model(input_ids, positions, hidden, attn, self.kv_caches, spec_step_idx=0)
+        index = clamp_rows(expanded.new_token_indices, input_ids.shape[0])  # [B * K], request-major
         logits = self.model.compute_logits(h_sample.index_select(0, index), spec_step_idx=0)
         token_positions = first_row(positions).index_select(0, index) + 1  # each draft's own position
         return self.sample_parallel(logits, token_positions, sampling, num_reqs)
@@ -160,7 +184,8 @@ class EagleProposer(Proposer):
         ext = extended_query_start_loc.long()
         slots = torch.arange(expanded.positions.shape[0], device=ext.device)
         owner = window_of(slots, ext[1:])
-        bonus = torch.cat([expanded.new_token_indices.long().view(-1, self.num_speculative_tokens)[:, 0], ext[-1:]])
+        new = clamp_rows(expanded.new_token_indices, slots.shape[0])
+        bonus = torch.cat([new.view(-1, self.num_speculative_tokens)[:, 0], ext[-1:]])
         j = slots - ext.index_select(0, owner)  # offset in the window
         held = torch.minimum(j, bonus.index_select(0, owner) - ext.index_select(0, owner))
         source = (starts.index_select(0, owner) + held).clamp(0, target_positions.shape[1] - 1)
@@ -170,7 +195,7 @@ class EagleProposer(Proposer):
     def expanded_hidden(self, target_hidden_states, expanded, mask_hidden):
         hidden = self.model.combine_hidden_states(target_hidden_states)
         out = hidden.new_zeros(expanded.input_ids.shape[0], hidden.shape[1])
-        out = out.index_copy(0, expanded.hidden_state_mapping.long(), hidden)
+        out = out.index_copy(0, clamp_rows(expanded.hidden_state_mapping, out.shape[0]), hidden)
         fill = hidden.new_zeros(hidden.shape[1]) if mask_hidden is None else mask_hidden.to(hidden.dtype)
         return torch.where(expanded.is_masked_token_mask[:, None], fill, out)
 

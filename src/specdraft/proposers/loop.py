@@ -11,6 +11,13 @@ positions) and the `attention` metadata per layer (one group, or a list per laye
 Everything is tensors in, tensors out, with Python ints for static bounds:
 `torch.compile(proposer.propose, fullgraph=True)` traces the whole loop (K is a
 Python int, so the loop unrolls), with no host sync.
+
+Whatever the values (unchecked mode; checked mode refuses them first), nothing reads
+or writes outside its tensor: every index this loop derives from device values is
+clamped into the tensor it indexes (`clamp_rows`), token ids into the vocabulary
+(`clamp_ids`), and temperatures that are not > 0 (NaN included) sample greedily.
+Slots and block ids outside the KV cache are the cache write's and attention's to
+skip or clamp.
 """
 
 import dataclasses
@@ -22,13 +29,7 @@ import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
-from specdraft.ops import (
-    draft_sample,
-    prepare_eagle_input,
-    prepare_inputs_padded,
-    prepare_next_token_padded,
-    step_metadata,
-)
+from specdraft.ops import draft_sample, step_metadata
 
 
 class DraftOutput(NamedTuple):
@@ -61,6 +62,17 @@ Attention = Callable[[BatchMetadata], object]
 
 
 # ----------------------------------------------------------------------------- small steps
+
+
+def clamp_rows(index: torch.Tensor, num_rows) -> torch.Tensor:
+    """An index into num_rows rows, out-of-range entries moved to the nearest row
+    (int64). In contract a no-op; num_rows >= 1 wherever an index is non-empty."""
+    return index.long().clamp(0, num_rows - 1)
+
+
+def clamp_ids(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Token ids moved into [0, vocab_size) before they index an embedding."""
+    return token_ids.clamp(0, vocab_size - 1)
 
 
 def rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -96,14 +108,15 @@ def shift_input_ids(target_token_ids, next_token_ids, sample_index) -> torch.Ten
 
 
 def sample_rows(metadata: BatchMetadata, token_indices_to_sample, num_rejected_tokens):
-    """Where each request samples (default: its window's last token) and its seq_len
-    once the rejected tokens at the window's end are dropped."""
+    """Where each request samples (default: its window's last token; clamped into the
+    batch's rows) and its seq_len once the rejected tokens at the window's end are
+    dropped."""
     if token_indices_to_sample is None:
         token_indices_to_sample = metadata.query_start_loc[1:] - 1
     seq_lens = metadata.seq_lens
     if num_rejected_tokens is not None:
         seq_lens = seq_lens - num_rejected_tokens.to(seq_lens.dtype)
-    return token_indices_to_sample.long(), seq_lens
+    return clamp_rows(token_indices_to_sample, metadata.slot_mapping.shape[0]), seq_lens
 
 
 def single_token_batch(metadata: BatchMetadata, seq_lens, slot_mapping, max_seq_len) -> BatchMetadata:
@@ -191,6 +204,8 @@ class DraftSampler:
             seeds = torch.zeros(num_rows, dtype=torch.int64, device=logits.device)
         else:
             temperature = self.sampling.temperature.repeat_interleave(repeat)
+            # Not > 0 (negative, NaN: out of contract) samples greedily, as 0 does.
+            temperature = torch.where(temperature > 0, temperature, 0.0)
             seeds = self.sampling.seeds.repeat_interleave(repeat)
         kwargs = {"salt": config.salt}
         if probs is not None:
@@ -250,7 +265,7 @@ def draft_k_tokens(
     request's next token at its sample index), then K - 1 single-token steps."""
     num_reqs, device = metadata.num_reqs, target_token_ids.device
     sample_index, seq_lens = sample_rows(metadata, token_indices_to_sample, num_rejected_tokens)
-    input_ids = shift_input_ids(target_token_ids, next_token_ids, sample_index)
+    input_ids = clamp_ids(shift_input_ids(target_token_ids, next_token_ids, sample_index), model.config.vocab_size)
     hidden_states = model.combine_hidden_states(target_hidden_states)
     h_sample, h_next = first_pass(
         model, kv_caches, input_ids, target_positions, hidden_states, attention(metadata), sample_index
@@ -290,122 +305,3 @@ def draft_chained(
         logits = model.compute_logits(h_sample.index_select(0, sample_index), spec_step_idx=step)
         tokens.append(sample(logits, token_positions + step, step_counter(sample.probs, step, device)))
     return DraftOutput(torch.stack(tokens, dim=1), sample.probs)
-
-
-# ----------------------------------------------------------------- after verification
-
-
-def repack(metadata: BatchMetadata, num_rejected_tokens, num_kept_tokens: int):
-    """The unpadded path: the batch without its rejected tokens, packed into
-    num_kept_tokens rows (a Python int >= the kept total; rows past it are graph
-    padding: PAD slots, never sampled). Returns (kept row index [num_kept_tokens], the
-    repacked metadata); every slot mapping the metadata holds is repacked."""
-    packed = prepare_eagle_input(metadata.query_start_loc, num_rejected_tokens, num_kept_tokens)
-    index = packed.token_indices.long()
-    real = torch.arange(num_kept_tokens, device=index.device) < packed.cu_num_tokens[-1]
-
-    def kept_slots(slots):
-        return torch.where(real, slots.index_select(0, index), PADDING_SLOT_ID)
-
-    fields = {
-        "query_start_loc": packed.cu_num_tokens.to(metadata.query_start_loc.dtype),
-        "seq_lens": metadata.seq_lens - num_rejected_tokens.to(metadata.seq_lens.dtype),
-        "slot_mapping": kept_slots(metadata.slot_mapping),
-    }
-    if hasattr(metadata, "slot_mappings"):  # several KV-cache groups
-        fields["slot_mappings"] = [kept_slots(s) for s in metadata.slot_mappings]
-    return index, dataclasses.replace(metadata, **fields)
-
-
-# ----------------------------------------------------------------------------- holder
-
-
-class Proposer:
-    """What every proposer holds (a draft head, its config, its KV caches: one per
-    draft layer, written in place) and the two ways back into `propose` after the
-    target's verification step, which are the same for every proposer:
-
-    - `propose_padded` (no host sync): rejected tokens stay in the batch as padding;
-      each request samples after its last accepted token;
-    - `propose_unpadded`: rejected tokens are dropped and the batch repacked, which
-      needs one host-side number, an upper bound of the kept tokens.
-
-    Subclasses define `propose` with the common signature:
-    propose(target_token_ids, target_positions, target_hidden_states, next_token_ids,
-    metadata, sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None).
-    """
-
-    def __init__(self, model: torch.nn.Module, config: SpeculativeConfig, kv_caches: list[torch.Tensor]) -> None:
-        if len(kv_caches) != model.num_kv_layers:
-            raise ValueError(
-                f"kv_caches must hold {model.num_kv_layers} caches (one per draft layer), got {len(kv_caches)}"
-            )
-        self.model = model
-        self.config = config
-        self.kv_caches = kv_caches
-        for cache in kv_caches:
-            # Written in place every call: a static address lets mode="reduce-overhead"
-            # keep the whole propose in one CUDA graph instead of skipping graphs.
-            torch._dynamo.mark_static_address(cache)
-
-    @property
-    def num_speculative_tokens(self) -> int:
-        return self.config.num_speculative_tokens
-
-    def propose(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
-                sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None) -> DraftOutput:  # fmt: skip
-        raise NotImplementedError
-
-    def propose_padded(
-        self,
-        target_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor | None,
-        sampled_token_ids: torch.Tensor,
-        cu_num_draft_tokens: torch.Tensor,
-        backup_next_token_ids: torch.Tensor,
-        metadata: BatchMetadata,
-        sampling: SamplingParams | None = None,
-        *,
-        discard_request_mask: torch.Tensor | None = None,
-    ) -> DraftOutput:
-        """After verification, with no host sync.
-
-        sampled_token_ids [B, K+1]: what the rejection sampler emitted (-1 after the
-        first rejection). cu_num_draft_tokens [B]: inclusive cumsum of the drafts each
-        request was verified with. backup_next_token_ids [B]: the next token of
-        requests that emitted none (e.g. partial prefills, discarded requests). The
-        target batch (metadata) still holds every verified token."""
-        if discard_request_mask is None:
-            discard_request_mask = torch.zeros_like(backup_next_token_ids, dtype=torch.bool)
-        next_tokens = prepare_next_token_padded(
-            sampled_token_ids, discard_request_mask, backup_next_token_ids, self.model.config.vocab_size
-        )
-        padded = prepare_inputs_padded(
-            cu_num_draft_tokens, next_tokens.valid_sampled_tokens_count, metadata.query_start_loc
-        )
-        return self.propose(
-            target_token_ids, target_positions, target_hidden_states, next_tokens.next_token_ids, metadata, sampling,
-            token_indices_to_sample=padded.token_indices_to_sample, num_rejected_tokens=padded.num_rejected_tokens,
-        )  # fmt: skip
-
-    def propose_unpadded(
-        self,
-        target_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor | None,
-        next_token_ids: torch.Tensor,
-        num_rejected_tokens: torch.Tensor,
-        metadata: BatchMetadata,
-        num_kept_tokens: int,
-        sampling: SamplingParams | None = None,
-    ) -> DraftOutput:
-        """After verification, with the rejected tokens dropped (see `repack`):
-        num_kept_tokens is a Python int >= the kept total (T - sum of rejected), the one
-        host-side number this path needs."""
-        index, repacked = repack(metadata, num_rejected_tokens, num_kept_tokens)
-        hidden = None if target_hidden_states is None else target_hidden_states.index_select(0, index)
-        return self.propose(
-            target_token_ids.index_select(0, index), rows(target_positions, index), hidden, next_token_ids, repacked,
-            sampling,
-        )  # fmt: skip

@@ -24,20 +24,22 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import step_metadata
+from specdraft.proposers.base import Proposer
 from specdraft.proposers.checks import check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
-    Proposer,
     StepState,
     bounded,
     draft_k_tokens,
     single_token_batch,
     static_min,
 )
+from specdraft.proposers.value_checks import KVGroup, check_propose_values
 
 
 @dataclass
@@ -142,7 +144,6 @@ class MultiGroupMTPProposer(Proposer):
         layer_groups: list[int],
         block_sizes: list[int],
     ) -> None:
-        super().__init__(model, config, kv_caches)
         if config.method != "mtp":
             raise ValueError(f"method must be 'mtp' for the multi-group MTP proposer, got {config.method!r}")
         if config.parallel_drafting:
@@ -156,11 +157,8 @@ class MultiGroupMTPProposer(Proposer):
             raise ValueError(f"layer_groups must name a group for each of the {len(kv_caches)} draft layers")
         for i, g in enumerate(layer_groups):
             check_int_range(f"layer_groups[{i}]", g, 0, num_groups - 1)
-            if kv_caches[i].dim() != 5 or kv_caches[i].shape[2] != block_sizes[g]:
-                raise ValueError(
-                    f"kv_caches[{i}] must have block size {block_sizes[g]} (group {g}), "
-                    f"got shape {tuple(kv_caches[i].shape)}"
-                )
+        # Each cache in its group's block size (checked with the rest of the caches).
+        super().__init__(model, config, kv_caches, cache_block_sizes=[block_sizes[g] for g in layer_groups])
         self.layer_groups = list(layer_groups)
         self.block_sizes = list(block_sizes)
 
@@ -181,8 +179,14 @@ class MultiGroupMTPProposer(Proposer):
         num_rejected_tokens: torch.Tensor | None = None,
     ) -> DraftOutput:
         """As EagleProposer.propose, with every group's block table and slot mapping."""
-        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
         self.check_groups(metadata, target_token_ids.shape[0])
+        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                             num_rejected_tokens=num_rejected_tokens, block_size=self.block_sizes[0])  # fmt: skip
+        if is_checked():
+            check_propose_values(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                                 num_rejected_tokens=num_rejected_tokens, draft_steps=self.num_speculative_tokens - 1,
+                                 groups=self.kv_groups(metadata))  # fmt: skip
         metadata = bounded(metadata, self.block_sizes[0])
         return draft_k_tokens(
             self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
@@ -193,6 +197,13 @@ class MultiGroupMTPProposer(Proposer):
             attention=functools.partial(per_layer_attention, layer_groups=self.layer_groups,
                                         block_sizes=self.block_sizes),
         )  # fmt: skip
+
+    def kv_groups(self, metadata: GroupedBatchMetadata) -> list[KVGroup]:
+        return [
+            KVGroup(f"block_tables[{g}]", metadata.block_tables[g], f"slot_mappings[{g}]", metadata.slot_mappings[g],
+                    size, [c for c, lg in zip(self.kv_caches, self.layer_groups, strict=True) if lg == g])
+            for g, size in enumerate(self.block_sizes)
+        ]  # fmt: skip
 
     def check_groups(self, metadata, num_tokens: int) -> None:
         if not isinstance(metadata, GroupedBatchMetadata):

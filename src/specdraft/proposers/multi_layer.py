@@ -42,12 +42,21 @@ import warnings
 import torch
 
 from specdraft.adjust_input import ShiftCache, adjust_input
+from specdraft.checked_mode import is_checked
 from specdraft.checks import check_int_range
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import MAX_SHIFT_LIMIT
+from specdraft.proposers.base import Proposer, check_unpadded_args
 from specdraft.proposers.checks import check_propose_inputs
-from specdraft.proposers.loop import DraftOutput, Proposer, draft_chained, shift_input_ids
+from specdraft.proposers.loop import (
+    DraftOutput,
+    clamp_ids,
+    clamp_rows,
+    draft_chained,
+    shift_input_ids,
+)
+from specdraft.proposers.value_checks import check_propose_values, check_unpadded_values
 
 
 class MultiLayerEagleProposer(Proposer):
@@ -127,7 +136,13 @@ class MultiLayerEagleProposer(Proposer):
         drops rejected tokens from the end of each window, and tokens it cannot drop
         sit after the sample index, where causal attention keeps them from the sampled
         row in every pass."""
-        check_propose_inputs(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
+        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                             num_rejected_tokens=num_rejected_tokens)  # fmt: skip
+        if is_checked():
+            # Every pass covers the window only: no draft step writes past it.
+            check_propose_values(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
+                                 num_rejected_tokens=num_rejected_tokens, draft_steps=0)  # fmt: skip
         if metadata.num_reqs > self.max_num_reqs:
             raise ValueError(f"metadata holds {metadata.num_reqs} requests, more than max_num_reqs {self.max_num_reqs}")
         if metadata.max_seq_len is None:
@@ -149,10 +164,10 @@ class MultiLayerEagleProposer(Proposer):
             max_query_len=metadata.max_query_len,
         )
         self.store_cache_rows(cache, num_reqs)
-        sample_index = adjusted.token_indices_to_sample.long()
+        sample_index = clamp_rows(adjusted.token_indices_to_sample, target_token_ids.shape[0])
         return draft_chained(
             self.model, self.kv_caches, self.config,
-            shift_input_ids(adjusted.token_ids, next_token_ids, sample_index),
+            clamp_ids(shift_input_ids(adjusted.token_ids, next_token_ids, sample_index), self.model.config.vocab_size),
             adjusted.positions,
             adjusted.hidden_states,
             dataclasses.replace(metadata, seq_lens=adjusted.seq_lens, slot_mapping=adjusted.slot_mapping),
@@ -176,7 +191,9 @@ class MultiLayerEagleProposer(Proposer):
         after each request's last kept token, which drafts exactly what the padded
         path does. num_kept_tokens (the unpadded path's host-side bound) is checked
         and otherwise not needed: no repacking, no host sync."""
-        check_int_range("num_kept_tokens", num_kept_tokens, 0)
+        check_unpadded_args(metadata, num_rejected_tokens, num_kept_tokens)
+        if is_checked():
+            check_unpadded_values(metadata, num_rejected_tokens, num_kept_tokens, target_token_ids.shape[0])
         rejected = num_rejected_tokens.to(metadata.query_start_loc.dtype)
         return self.propose(
             target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,

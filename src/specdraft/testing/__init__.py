@@ -1,9 +1,11 @@
 """Public helpers for testing code built on specdraft.
 
-Without any extra: the compile counters (`CompileCounts`, `fresh_compile`) and
-`make_draft_batch` (complete `propose()` inputs). With `pip install
-'specdraft[testing]'` (hypothesis): the strategies of valid batch layouts, the
-layout types and the opt-in value checkers (these sync with the host: tests only).
+Without any extra: the compile counters (`CompileCounts`, `fresh_compile`),
+`make_draft_batch` (complete `propose()` inputs) and the value checkers of the ops
+(checked mode's own, specdraft.value_checks, re-exported here; they sync with the
+host: development and tests only). With `pip install 'specdraft[testing]'`
+(hypothesis): the strategies of valid batch layouts and their layout types, and the
+strategies of *invalid* ones, each tagged with the rule it breaks (invalid.py).
 
 The hypothesis-backed names are loaded on first use (module `__getattr__`), so
 `import specdraft.testing` never imports hypothesis; using one of them without it
@@ -14,20 +16,29 @@ import importlib
 
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.proposers import DraftBatch, make_draft_batch
+from specdraft.value_checks import (
+    check_copy_and_expand_values,
+    check_draft_sample_values,
+    check_extend_queries_values,
+    check_new_slot_mapping_values,
+    check_next_token_values,
+    check_rejection_sample_values,
+    check_rejection_values,
+    check_shift_and_cache_values,
+    check_shift_plan_values,
+    check_step_metadata_values,
+)
 
-# name -> the module defining it. These modules import hypothesis at the top (the
-# value checkers share a module with their strategies), so all of them need the extra.
+# name -> the module defining it. These modules import hypothesis at the top, so all
+# of them need the extra.
 _NEEDS_HYPOTHESIS = {
     # shift-and-cache
     "ShiftLayout": "shift_and_cache",
-    "check_shift_and_cache_values": "shift_and_cache",
     "shift_layouts": "shift_and_cache",
     # batch preparation (prepare_inputs, step_metadata)
     "RejectionLayout": "batch",
     "SampledLayout": "batch",
     "StepLayout": "batch",
-    "check_rejection_values": "batch",
-    "check_step_metadata_values": "batch",
     "rejection_layouts": "batch",
     "sampled_layouts": "batch",
     "step_layouts": "batch",
@@ -36,9 +47,14 @@ _NEEDS_HYPOTHESIS = {
     "expand_layouts": "expand",
     # sampling (draft_sample, rejection_sample)
     "SamplingBatch": "sampling",
-    "check_draft_sample_values": "sampling",
-    "check_rejection_sample_values": "sampling",
     "sampling_batches": "sampling",
+    # invalid inputs, each tagged with the rule it breaks
+    "OP_RULES": "invalid",
+    "OpCase": "invalid",
+    "invalid_op_cases": "invalid",
+    "BATCH_RULES": "invalid_batches",
+    "InvalidDraftBatch": "invalid_batches",
+    "invalid_draft_batches": "invalid_batches",
 }
 
 EXTRA_HINT = "pip install 'specdraft[testing]'"
@@ -63,4 +79,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_NEEDS_HYPOTHESIS))
 
 
-__all__ = ["CompileCounts", "DraftBatch", "fresh_compile", "make_draft_batch", *_NEEDS_HYPOTHESIS]
+__all__ = [
+    "CompileCounts",
+    "DraftBatch",
+    "check_copy_and_expand_values",
+    "check_draft_sample_values",
+    "check_extend_queries_values",
+    "check_new_slot_mapping_values",
+    "check_next_token_values",
+    "check_rejection_sample_values",
+    "check_rejection_values",
+    "check_shift_and_cache_values",
+    "check_shift_plan_values",
+    "check_step_metadata_values",
+    "fresh_compile",
+    "make_draft_batch",
+    *_NEEDS_HYPOTHESIS,
+]

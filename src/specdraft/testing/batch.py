@@ -1,6 +1,6 @@
-"""Hypothesis strategies and opt-in value checkers for the batch-preparation ops
+"""Hypothesis strategies for the batch-preparation ops
 (`prepare_eagle_input`, `prepare_inputs_padded`, `prepare_next_token_padded`,
-`step_metadata`).
+`step_metadata`); their value checkers are checked mode's (specdraft.value_checks).
 
 Layouts are plain Python data, so a failing example prints readably; each has a
 `tensors(device)` method that builds what the ops take.
@@ -203,69 +203,3 @@ def step_layouts(draw, max_requests: int = 10, max_padding: int = 5, mrope: bool
         mrope = draw(st.booleans())
     offsets = draw(st.lists(st.integers(0, 50), min_size=num_reqs, max_size=num_reqs)) if mrope else None
     return StepLayout(positions, seq_lens, table, num_slots, block_size, max_model_len, offsets)
-
-
-# ------------------------------------------------------------------ value checkers
-
-
-def check_rejection_values(
-    query_start_loc: torch.Tensor,
-    num_rejected_tokens: torch.Tensor | None = None,
-    cu_num_draft_tokens: torch.Tensor | None = None,
-    valid_sampled_tokens_count: torch.Tensor | None = None,
-) -> None:
-    """Opt-in value-level check of the prepare-inputs arguments (syncs with the host:
-    tests and debugging only). Raises ValueError naming the argument and the first
-    offending request: query_start_loc not non-decreasing from 0; a rejected count
-    outside [0, query length]; a draft count < 0 or >= query length (the window must
-    hold the drafts and the token before them); a valid count outside [1, drafts + 1]
-    for a request with drafts."""
-    qsl = query_start_loc.tolist()
-    if qsl and qsl[0] != 0:
-        raise ValueError(f"query_start_loc must start at 0, got {qsl[0]}")
-    lens = [qsl[b + 1] - qsl[b] for b in range(len(qsl) - 1)]
-    for b, n in enumerate(lens):
-        if n < 0:
-            raise ValueError(f"query_start_loc must be non-decreasing (request {b}: {qsl[b]} > {qsl[b + 1]})")
-    if num_rejected_tokens is not None:
-        for b, r in enumerate(num_rejected_tokens.tolist()):
-            if not 0 <= r <= lens[b]:
-                raise ValueError(f"num_rejected_tokens[{b}] = {r} is outside [0, query length {lens[b]}]")
-    if cu_num_draft_tokens is not None:
-        cu = cu_num_draft_tokens.tolist()
-        drafts = [c - (cu[b - 1] if b else 0) for b, c in enumerate(cu)]
-        for b, d in enumerate(drafts):
-            if d < 0 or (d > 0 and d >= lens[b]):
-                raise ValueError(f"cu_num_draft_tokens: request {b} has {d} drafts in a window of {lens[b]} tokens")
-        if valid_sampled_tokens_count is not None:
-            for b, v in enumerate(valid_sampled_tokens_count.tolist()):
-                if drafts[b] > 0 and not 1 <= v <= drafts[b] + 1:
-                    raise ValueError(
-                        f"valid_sampled_tokens_count[{b}] = {v} is outside [1, drafts + 1 = {drafts[b] + 1}]"
-                    )
-
-
-def check_step_metadata_values(
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_model_len: int,
-) -> None:
-    """Opt-in value-level check of a `step_metadata` input (syncs with the host).
-    Raises ValueError naming the argument: a negative position (row 0), a seq_len
-    outside [1, max_model_len], a negative block id, or one block shared by two
-    requests."""
-    first = (positions[0] if positions.dim() == 2 else positions).tolist()
-    for b, p in enumerate(first):
-        if p < 0:
-            raise ValueError(f"positions[{b}] = {p} is negative")
-    for b, s in enumerate(seq_lens.tolist()):
-        if not 1 <= s <= max_model_len:
-            raise ValueError(f"seq_lens[{b}] = {s} is outside [1, max_model_len={max_model_len}]")
-    owner: dict[int, int] = {}
-    for b, row in enumerate(block_table[: len(first)].tolist()):
-        for blk in row:
-            if blk < 0:
-                raise ValueError(f"block_table[{b}] holds a negative block id {blk}")
-            if owner.setdefault(blk, b) != b:
-                raise ValueError(f"block_table: block {blk} belongs to requests {owner[blk]} and {b}")

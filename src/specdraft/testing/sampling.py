@@ -1,5 +1,5 @@
-"""Hypothesis strategies and opt-in value checkers for draft sampling and
-rejection sampling.
+"""Hypothesis strategies for draft sampling and rejection sampling (their value
+checkers are checked mode's, specdraft.value_checks).
 
 A `SamplingBatch` is plain Python data (per-request temperature, seed, position,
 number of drafts) plus one integer that seeds the logits, so a failing example
@@ -86,45 +86,3 @@ def sampling_batches(
     positions = per_request(st.one_of(st.integers(0, 1 << 16), st.integers(0, 2**62)))
     num_draft = per_request(st.integers(0, num_spec))
     return SamplingBatch(vocab, num_spec, temperature, seeds, positions, num_draft, draw(st.integers(0, 2**16)))
-
-
-def check_draft_sample_values(
-    temperature: torch.Tensor, probs_out: torch.Tensor | None = None, step: torch.Tensor | None = None
-) -> None:
-    """Opt-in value check of a `draft_sample` input (syncs with the host: tests and
-    debugging only). temperature finite and >= 0; step inside [0, K)."""
-    temps = temperature.tolist()
-    for b, t in enumerate(temps):
-        if not t >= 0 or t == float("inf"):
-            raise ValueError(f"temperature[{b}] = {t} must be finite and >= 0 (0 = greedy)")
-    if probs_out is not None and step is not None:
-        s, num_steps = int(step), probs_out.shape[1]
-        if not 0 <= s < num_steps:
-            raise ValueError(f"step = {s} is outside [0, K={num_steps}) of probs_out")
-
-
-def check_rejection_sample_values(
-    draft_tokens: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
-    temperature: torch.Tensor,
-    vocab: int,
-    draft_probs: torch.Tensor | None = None,
-) -> None:
-    """Opt-in value check of a `rejection_sample` input (syncs with the host).
-
-    temperature finite and >= 0; 0 <= num_draft_tokens <= K; draft ids in
-    [0, vocab) for the first num_draft_tokens entries and -1 after; draft_probs
-    non-negative and finite."""
-    check_draft_sample_values(temperature)
-    num_spec = draft_tokens.shape[1]
-    drafts, counts = draft_tokens.tolist(), num_draft_tokens.tolist()
-    for b, (row, n) in enumerate(zip(drafts, counts, strict=True)):
-        if not 0 <= n <= num_spec:
-            raise ValueError(f"num_draft_tokens[{b}] = {n} is outside [0, K={num_spec}]")
-        for j, token in enumerate(row):
-            if j < n and not 0 <= token < vocab:
-                raise ValueError(f"draft_tokens[{b}, {j}] = {token} is outside [0, vocab={vocab})")
-            if j >= n and token != -1:
-                raise ValueError(f"draft_tokens[{b}, {j}] = {token} must be -1 past num_draft_tokens[{b}] = {n}")
-    if draft_probs is not None and not (torch.isfinite(draft_probs).all() and (draft_probs >= 0).all()):
-        raise ValueError("draft_probs must be finite and non-negative")

@@ -1,4 +1,5 @@
-"""Hypothesis strategies and an opt-in value checker for the shift-and-cache ops.
+"""Hypothesis strategies for the shift-and-cache ops (their value checker is checked
+mode's, specdraft.value_checks.check_shift_and_cache_values).
 
 Layouts are plain Python data (lists of ints), so a failing example prints readably;
 `ShiftLayout.tensors(device)` turns one into the metadata tensors the ops take.
@@ -96,36 +97,3 @@ def shift_layouts(
         first_positions.append(first)
         seq_lens.append(first + n)
     return ShiftLayout(qsl, num_tokens, max_shift, cached_lens, shifts, samples, first_positions, seq_lens)
-
-
-def check_shift_and_cache_values(
-    query_start_loc: torch.Tensor,
-    token_indices_to_sample: torch.Tensor,
-    shift: torch.Tensor,
-    cached_lens: torch.Tensor,
-    max_shift: int,
-    num_tokens: int | None = None,
-) -> None:
-    """Opt-in value-level check of a shift-and-cache input (it syncs with the host,
-    so it is for tests and debugging, never for the compiled path).
-
-    Raises ValueError naming the argument and the first offending request:
-    query_start_loc not non-decreasing from 0 or past num_tokens, shift < 0 or
-    > cached_lens, cached_lens > max_shift, a sample index outside its window.
-    """
-    qsl = query_start_loc.tolist()
-    samples, shifts, cached = token_indices_to_sample.tolist(), shift.tolist(), cached_lens.tolist()
-    if qsl and qsl[0] != 0:
-        raise ValueError(f"query_start_loc must start at 0, got {qsl[0]}")
-    for b in range(len(qsl) - 1):
-        start, stop = qsl[b], qsl[b + 1]
-        if stop < start:
-            raise ValueError(f"query_start_loc must be non-decreasing (request {b}: {start} > {stop})")
-        if num_tokens is not None and stop > num_tokens:
-            raise ValueError(f"query_start_loc[{b + 1}] = {stop} is past num_tokens = {num_tokens}")
-        if not 0 <= cached[b] <= max_shift:
-            raise ValueError(f"cached_lens[{b}] = {cached[b]} is outside [0, max_shift={max_shift}]")
-        if not 0 <= shifts[b] <= cached[b]:
-            raise ValueError(f"shift[{b}] = {shifts[b]} is outside [0, cached_lens[{b}]={cached[b]}]")
-        if stop > start and not start <= samples[b] < stop:
-            raise ValueError(f"token_indices_to_sample[{b}] = {samples[b]} is outside its window [{start}, {stop})")

@@ -28,7 +28,9 @@ T = 1 for what they store. A step outside [0, K) writes nothing.
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_choice, check_tensor_arg
+from specdraft.value_checks import check_draft_sample_values
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -288,8 +290,8 @@ def draft_sample(
     greedy (argmax, first index on ties), T > 0 samples softmax(logits / T) by
     Gumbel-max with noise from the counter-based hash of (seeds[b], positions[b],
     token, salt) — the same token on CPU and CUDA (up to float near-ties).
-    Negative temperatures are a contract violation (`check_draft_sample_values`
-    in specdraft.testing finds them); the op treats them as greedy.
+    Negative temperatures are a contract violation (checked mode refuses them);
+    the op treats them as greedy. A NaN temperature gives some id in [0, V).
 
     probs_out [B, K, V] fp32 with step (0-dim int tensor on the device): also
     store this step's softmax(logits / T) (write="probs") or logits / T
@@ -299,6 +301,8 @@ def draft_sample(
     num_reqs, vocab = logits.shape
     check_request_params(num_reqs, temperature, seeds, positions, device_of=logits)
     check_salt(salt)
+    if is_checked():
+        check_draft_sample_values(temperature, probs_out, step)
     if probs_out is None:
         if step is not None:
             raise ValueError("step is only used with probs_out; pass probs_out too")

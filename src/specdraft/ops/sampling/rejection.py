@@ -34,7 +34,9 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
+from specdraft.value_checks import check_rejection_sample_values
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -413,7 +415,8 @@ def rejection_sample(
     draft token, draft j at positions + j). tokens: accepted drafts, the emitted
     recovered / bonus token, then -1; counts: accepted drafts, not counting the
     emitted token. Value-level contracts (temperature >= 0, n <= K, valid draft
-    ids) are checked by `check_rejection_sample_values` in specdraft.testing.
+    ids) are checked in checked mode (specdraft.checked_mode); outside it, n is
+    clamped to [0, K] and a draft id outside [0, V) is never read (rejected).
     """
     check_tensor_arg("draft_tokens", draft_tokens, INDEX_DTYPES, shape=(None, at_least(1, "K")), contiguous=True)
     num_reqs, num_spec = draft_tokens.shape
@@ -431,6 +434,8 @@ def rejection_sample(
     )  # fmt: skip
     check_request_params(num_reqs, temperature, seeds, positions, device_of=draft_tokens)
     check_salt(salt)
+    if is_checked():
+        check_rejection_sample_values(draft_tokens, num_draft_tokens, temperature, vocab, draft_probs)
     return _rejection_sample_op(
         draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt
     )
