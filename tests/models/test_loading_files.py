@@ -10,23 +10,17 @@ import torch
 
 from specdraft.models import DraftModelConfig, TinyTargetModel, load_draft_model, load_target_model, write_safetensors
 
-from fixtures.checkpoints import DV, HF, V, eagle3_checkpoint, rand, tiny_batch, write_folder
-
-INDEX = "model.safetensors.index.json"
-
-
-def write_sharded(path, hf, tensors, shards):
-    """Shards named as transformers names them, with the index listing every tensor."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(hf))
-    names = sorted(tensors)
-    weight_map = {}
-    for s in range(shards):
-        shard = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        write_safetensors(path / shard, {n: tensors[n] for n in names[s::shards]})
-        weight_map |= {n: shard for n in names[s::shards]}
-    (path / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return path, weight_map
+from fixtures.checkpoints import (
+    DV,
+    HF,
+    INDEX,
+    V,
+    eagle3_checkpoint,
+    rand,
+    tiny_batch,
+    write_folder,
+    write_indexed_folder,
+)
 
 
 def assert_state_is(model, tensors):
@@ -41,7 +35,7 @@ def assert_state_is(model, tensors):
 
 def test_index_names_the_files_and_a_stray_consolidated_file_is_ignored(tmp_path):
     hf, t = eagle3_checkpoint()
-    folder, _ = write_sharded(tmp_path / "m", hf, t, shards=3)
+    folder, _ = write_indexed_folder(tmp_path / "m", hf, t, shards=3)
     # Mistral-style folders carry consolidated.safetensors beside the HF shards: other
     # values under the same names, and names of its own. The index decides.
     stray = {name: torch.zeros_like(value) for name, value in t.items()} | {"layers.9.extra": rand(2)}
@@ -63,7 +57,7 @@ def test_a_tensor_in_two_files_names_both(tmp_path):
         load_draft_model(folder)
 
     # Under an index too: both shards it names hold the tensor.
-    folder, weight_map = write_sharded(tmp_path / "sharded", hf, t, shards=2)
+    folder, weight_map = write_indexed_folder(tmp_path / "sharded", hf, t, shards=2)
     first, second = sorted(set(weight_map.values()))
     name = next(n for n, s in weight_map.items() if s == first)
     write_safetensors(folder / second, {n: t[n] for n, s in weight_map.items() if s == second} | {name: t[name]})
@@ -73,7 +67,7 @@ def test_a_tensor_in_two_files_names_both(tmp_path):
 
 def test_index_errors_name_the_tensor_or_shard(tmp_path):
     hf, t = eagle3_checkpoint()
-    folder, weight_map = write_sharded(tmp_path / "a", hf, t, shards=2)
+    folder, weight_map = write_indexed_folder(tmp_path / "a", hf, t, shards=2)
     shard = weight_map["fc.weight"]
     del weight_map["fc.weight"]  # in its shard, but not listed
     (folder / INDEX).write_text(json.dumps({"weight_map": weight_map}))

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from specdraft.models import BatchMetadata, TinyTargetModel, write_safetensors
 from specdraft.models.target_loading import load_target_model, save_target_model
 
+from fixtures.checkpoints import write_indexed_folder
+
 H, FF, NH, KV, HD, V, N = 32, 48, 4, 2, 8, 50, 3
 HF = {
     "architectures": ["LlamaForCausalLM"],
@@ -157,14 +159,7 @@ def write_folder(path, hf, tensors, shards=1):
     if shards == 1:
         write_safetensors(path / "model.safetensors", tensors)
         return path
-    names = sorted(tensors)
-    weight_map = {}
-    for s in range(shards):
-        shard = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        write_safetensors(path / shard, {n: tensors[n] for n in names[s::shards]})
-        weight_map |= {n: shard for n in names[s::shards]}
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return path
+    return write_indexed_folder(path, hf, tensors, shards)[0]
 
 
 def check_against_oracle(model, hf, t):
