@@ -142,6 +142,7 @@ class AutoregressiveSpeculator(Proposer):
         super().__init__(model, config, kv_caches)
         self.advance_draft_positions = advance_draft_positions
 
+    @torch.no_grad()
     def propose(
         self,
         target_token_ids: torch.Tensor,

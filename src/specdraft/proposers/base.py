@@ -56,6 +56,11 @@ class Proposer:
     Subclasses define `propose` with the common signature:
     propose(target_token_ids, target_positions, target_hidden_states, next_token_ids,
     metadata, sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None).
+
+    Every propose path runs under `torch.no_grad()`, whatever the caller's grad mode:
+    drafting is never differentiable, so a compiled propose called between a training
+    loop's optimizer steps returns no autograd state, leaves none on the KV caches it
+    writes, and does not recompile (tests/proposers/test_propose_grad_mode.py).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class Proposer:
                 sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None) -> DraftOutput:  # fmt: skip
         raise NotImplementedError
 
+    @torch.no_grad()
     def propose_padded(
         self,
         target_token_ids: torch.Tensor,
@@ -130,6 +136,7 @@ class Proposer:
             token_indices_to_sample=padded.token_indices_to_sample, num_rejected_tokens=padded.num_rejected_tokens,
         )  # fmt: skip
 
+    @torch.no_grad()
     def propose_unpadded(
         self,
         target_token_ids: torch.Tensor,

@@ -72,6 +72,7 @@ class EagleProposer(Proposer):
                 num_rejected_tokens=num_rejected_tokens, draft_steps=self.num_speculative_tokens - 1,
             )  # fmt: skip
 
+    @torch.no_grad()
     def propose(
         self,
         target_token_ids: torch.Tensor,
@@ -113,6 +114,7 @@ class EagleProposer(Proposer):
                                       max_model_len=self.config.max_model_len),
         )  # fmt: skip
 
+    @torch.no_grad()
     def propose_parallel(
         self,
         target_token_ids: torch.Tensor,

@@ -166,6 +166,7 @@ class MultiGroupMTPProposer(Proposer):
     def num_groups(self) -> int:
         return len(self.block_sizes)
 
+    @torch.no_grad()
     def propose(
         self,
         target_token_ids: torch.Tensor,

@@ -119,6 +119,7 @@ class MultiLayerEagleProposer(Proposer):
         else:
             lens.index_fill_(0, torch.as_tensor(rows, dtype=torch.int64, device=lens.device), 0)
 
+    @torch.no_grad()
     def propose(
         self,
         target_token_ids: torch.Tensor,
@@ -174,6 +175,7 @@ class MultiLayerEagleProposer(Proposer):
             sample_index, sampling,
         )  # fmt: skip
 
+    @torch.no_grad()
     def propose_unpadded(
         self,
         target_token_ids: torch.Tensor,
