@@ -43,6 +43,25 @@ def check_finite(name: str, values: torch.Tensor) -> None:
     first_bad(name, ~torch.isfinite(values), values, "is not finite")
 
 
+def check_weight_finite(name: str, values: torch.Tensor, context: str = "") -> None:
+    """Every entry of a weight tensor finite (a non-floating tensor is finite by
+    type). A weight has millions of entries and no meaningful index, so the
+    ValueError says "{name} must be finite, found N NaN and M Inf among its K values
+    (the first at flat index i: v){context}". One host sync when nothing is wrong."""
+    if not values.is_floating_point():
+        return
+    flat = values.detach().reshape(-1)
+    finite = torch.isfinite(flat)
+    if bool(finite.all()):
+        return
+    nans, infs = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
+    first = int((~finite).to(torch.int8).argmax())
+    raise ValueError(
+        f"{name} must be finite, found {nans} NaN and {infs} Inf among its {flat.numel()} values "
+        f"(the first at flat index {first}: {flat[first].item()}){context}"
+    )
+
+
 def window_lengths(
     query_start_loc: torch.Tensor, num_tokens: int | None = None, *, nonempty: bool = False,
     name: str = "query_start_loc",

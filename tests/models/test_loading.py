@@ -194,3 +194,19 @@ def test_load_errors_name_the_tensor(tmp_path):
         load_draft_model(write_folder(tmp_path / "f", {**mhf, "num_nextn_predict_layers": 3}, mt))
     with pytest.raises(ValueError, match="method"):
         load_draft_model(write_folder(tmp_path / "g", hf, t), method="medusa")
+
+
+def test_an_eagle3_config_of_more_than_one_layer_is_refused_by_its_key(tmp_path):
+    """Eagle3Head has one decoder layer. Without the key's check, a folder holding
+    one layer's weights under num_hidden_layers: 2 loaded silently as a one-layer
+    head; one holding both layers (layers.1.*) failed only as unexpected tensors."""
+    hf, t = eagle3_checkpoint()
+    second = {k.replace("midlayer.", "layers.1."): v for k, v in t.items() if k.startswith("midlayer.")}
+    for name, tensors in (("one_layer_of_weights", t), ("two_layers_of_weights", t | second)):
+        with pytest.raises(ValueError, match=r"num_hidden_layers: 2 decoder layers .*only 1 is supported"):
+            load_draft_model(write_folder(tmp_path / name, {**hf, "num_hidden_layers": 2}, tensors))
+    assert isinstance(load_draft_model(write_folder(tmp_path / "one", {**hf, "num_hidden_layers": 1}, t)), Eagle3Head)
+    # An MTP config's num_hidden_layers is the target's depth (its layers: num_nextn_predict_layers).
+    mhf, mt = mtp_checkpoint(first=61, n=2)
+    mtp = load_draft_model(write_folder(tmp_path / "mtp", {**mhf, "num_hidden_layers": 61}, mt))
+    assert isinstance(mtp, MTPHead) and mtp.config.n_predict == 2

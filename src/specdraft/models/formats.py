@@ -187,6 +187,21 @@ def expected_fields(hf: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     return out
 
 
+def check_layer_count(hf: dict[str, Any], method: str) -> None:
+    """An EAGLE-3 config.json's num_hidden_layers counts the head's own decoder
+    layers (vLLM's EAGLE-3 model builds that many) and Eagle3Head has one: any other
+    count is a ValueError naming the key, before the weights are read. EAGLE-1 and
+    MTP configs are not checked here: an MTP config's num_hidden_layers is the
+    target's depth (its MTP layers are num_nextn_predict_layers, checked against the
+    weights by the loader)."""
+    layers = hf.get("num_hidden_layers")
+    if method == "eagle3" and layers is not None and layers != 1:
+        raise ValueError(
+            f"num_hidden_layers: {layers!r} decoder layers in an EAGLE-3 config; only 1 is supported "
+            "(Eagle3Head has one decoder layer)"
+        )
+
+
 def check_unsupported_keys(hf: dict[str, Any]) -> None:
     """Refuse (ValueError naming the key) config keys whose math no draft head
     computes and DraftModelConfig does not read: sliding windows and other

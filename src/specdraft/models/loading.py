@@ -19,7 +19,9 @@ supply (embed_tokens, lm_head) are recorded in `model.missing_weights`; the head
 refuses to run until share_from(target) fills them. Any other missing, mis-shaped or
 unexpected tensor is a ValueError naming it, and so is a weight stored as integers,
 booleans or float8 (a checkpoint that was misread or quantized, never a weight to
-cast).
+cast). In checked mode (specdraft.checked_mode) a NaN or Inf in a loaded weight is
+one too, named with its file (check_weights_finite: it reads every weight, so only
+there).
 
 The vocabulary map d2t must be injective (two draft ids on one target id would make
 compute_logits drop one of them) and, when draft_vocab_size == vocab_size, the
@@ -36,8 +38,10 @@ from pathlib import Path
 
 import torch
 
+from specdraft.checked_mode import is_checked
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.formats import (
+    check_layer_count,
     check_unsupported_keys,
     drop_training_only,
     expected_fields,
@@ -51,12 +55,15 @@ from specdraft.models.safetensors_io import (
     read_config,
     read_safetensors,
     strip_model_prefix,
+    tensor_file,
     write_safetensors,
 )
+from specdraft.value_checks import check_weight_finite
 
 __all__ = [
     "METHODS",
     "build_head",
+    "check_weights_finite",
     "copy_state",
     "detect_method",
     "fill_state",
@@ -135,7 +142,12 @@ def load_draft_model(
 ) -> DraftHead:
     """Build and fill a draft head from `folder`. method: "eagle", "eagle3", "mtp" or
     None to detect from the tensor names. dtype overrides config.json's torch_dtype.
-    strict: unexpected tensors are an error (a sign the layout was misread)."""
+    strict: unexpected tensors are an error (a sign the layout was misread).
+
+    Names, shapes, dtypes and config keys are checked always. Checked mode
+    (specdraft.checked_mode) also reads every floating weight loaded and refuses a
+    NaN or Inf by tensor and file (check_weights_finite); unchecked, the values are
+    loaded as they are."""
     source, raw = read_checkpoint(folder)
     names = {strip_model_prefix(k) for k in raw}
     method = detect_method(names, source) if method is None else method
@@ -145,10 +157,13 @@ def load_draft_model(
     updates, expected = config_updates(names) if method == "mtp" else ({}, {})
     hf = {**to_hf_draft_config(source), **updates}
     check_unsupported_keys(hf)
+    check_layer_count(hf, method)
     config = DraftModelConfig.from_hf_config(hf, dtype=dtype)
     check_fields(config, {**expected_fields(source), **expected})
     model = build_head(method, config, set(tensors))
     fill_state(model, tensors, strict=strict)
+    if is_checked():
+        check_weights_finite(model, tensors, raw, folder)
     return model.to(device) if device is not None else model
 
 
@@ -196,6 +211,38 @@ def copy_state(
             + (" ..." if len(unexpected) > 5 else "")
         )
     return left_out
+
+
+def check_weights_finite(
+    module: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    raw: dict[str, torch.Tensor],
+    folder: str | Path,
+    checkpoint_name: Callable[[str], str] = lambda name: name,
+) -> None:
+    """Checked mode's value check of a load: every floating tensor of
+    module.state_dict() that was copied from `tensors` (module name -> tensor, the
+    checkpoint's `raw` tensors renamed) is finite in the module's dtype. A ValueError
+    names the tensor as the checkpoint stores it and the file of `folder` it is in,
+    counts the NaN and Inf and gives the first one's flat index; a tensor that is
+    finite as stored and not after the cast to the module's dtype is reported as an
+    overflow of that dtype. Weights the checkpoint does not supply (left for
+    share_from) are not read. It reads every weight: development only."""
+    stored_as = {id(value): key for key, value in raw.items()}  # renaming keeps the tensor objects
+    for name, loaded in module.state_dict().items():
+        stored = tensors.get(name)
+        if stored is None or not loaded.is_floating_point() or bool(torch.isfinite(loaded).all()):
+            continue
+        # A tensor the loader assembled (MiMo's input_proj, its column blocks
+        # swapped) has no stored name: it is named as the module calls it.
+        key = stored_as.get(id(stored))
+        file = tensor_file(folder, key) if key is not None else None
+        label = f"tensor {key or checkpoint_name(name)!r}" + (f" in {file!r}" if file else "")
+        check_weight_finite(label, stored)
+        overflow = (
+            f" after the cast from {stored.dtype} to {loaded.dtype}; finite as stored, it overflows {loaded.dtype}"
+        )
+        check_weight_finite(label, loaded, overflow)
 
 
 def check_kind(name: str, got: torch.dtype, want: torch.dtype) -> None:

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 INDEX = "model.safetensors.index.json"
@@ -111,3 +112,25 @@ def read_sharded(folder: Path, index: dict) -> dict[str, torch.Tensor]:
         if name not in weight_map:
             raise ValueError(f"tensor {name!r} is in a shard but {INDEX} does not list it")
     return tensors
+
+
+def tensor_file(folder: str | Path, name: str) -> str | None:
+    """The name of the file of `folder` that read_checkpoint reads tensor `name` (a
+    checkpoint name, as stored) from, or None when none of those files holds it. For
+    error messages: it reads only safetensors headers (and pytorch_model*.bin files
+    in full, where those are the checkpoint)."""
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        weight_map = json.loads((folder / INDEX).read_text()).get("weight_map") or {}
+        return weight_map.get(name)
+    files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as reader:
+            if name in reader.keys():  # noqa: SIM118 - a safetensors reader, not a dict
+                return file.name
+    if files:
+        return None
+    for file in sorted(folder.glob("pytorch_model*.bin")):
+        if name in torch.load(file, map_location="cpu", weights_only=True):
+            return file.name
+    return None

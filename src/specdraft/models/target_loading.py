@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
+from specdraft.checked_mode import is_checked
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.formats import FOREIGN_KEYS
-from specdraft.models.loading import copy_state
+from specdraft.models.loading import check_weights_finite, copy_state
 from specdraft.models.rope_config import rope_to_hf
 from specdraft.models.safetensors_io import read_checkpoint, strip_model_prefix, write_safetensors
 from specdraft.models.target import TinyTargetModel
@@ -114,7 +115,10 @@ def load_target_model(
 ) -> TinyTargetModel:
     """A TinyTargetModel from a local Llama / Qwen2 / Qwen3 HF folder. dtype overrides
     config.json's torch_dtype. Missing, mis-shaped and unexpected tensors are a
-    ValueError naming them; so are config keys whose math is not implemented."""
+    ValueError naming them; so are config keys whose math is not implemented.
+    Checked mode (specdraft.checked_mode) also reads every weight and refuses a NaN
+    or Inf by tensor and file (check_weights_finite); unchecked, the values are
+    loaded as they are."""
     hf, raw = read_checkpoint(folder)
     config = target_config_from_hf(hf, dtype=dtype)
     tied = bool(hf.get("tie_word_embeddings", False))
@@ -129,6 +133,8 @@ def load_target_model(
                 "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but tie_word_embeddings is true"
             )
     copy_state(model, tensors, may_be_missing=lambda name: tied and name == "lm_head.weight", checkpoint_name=hf_name)
+    if is_checked():
+        check_weights_finite(model, tensors, raw, folder, checkpoint_name=hf_name)
     return model.to(device) if device is not None else model
 
 
