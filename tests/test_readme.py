@@ -92,7 +92,7 @@ def test_python_block_runs(block):
 
 
 def test_named_paths_exist():
-    paths = re.findall(r"`((?:src|tests|benchmarks|docs|scripts|\.ci)/[\w./-]*)`", README.read_text())
-    paths += re.findall(r"\]\(((?:src|tests|benchmarks|docs|scripts)/[\w./-]*)\)", README.read_text())
+    paths = re.findall(r"`((?:src|tests|benchmarks|docs|scripts|examples|\.ci)/[\w./-]*)`", README.read_text())
+    paths += re.findall(r"\]\(((?:src|tests|benchmarks|docs|scripts|examples)/[\w./-]*)\)", README.read_text())
     missing = sorted({p for p in paths if not (ROOT / p).exists()})
     assert not missing, f"README names paths that do not exist: {missing}"

@@ -1,7 +1,9 @@
 """Files shipped with the package: the demo's trained target / EAGLE-3 pair
 (demo_pair/target, demo_pair/eagle3, demo_pair/training.json; made by
-scripts/train_demo_pair.py)."""
+scripts/train_demo_pair.py), and the stdlib files held out of its training."""
 
+import json
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -22,3 +24,12 @@ def load_demo_pair(
     head = load_draft_model(DEMO_PAIR / "eagle3", method="eagle3", dtype=dtype, device=device).eval()
     head.share_from(target)
     return target, head
+
+
+def demo_held_out_files() -> list[Path]:
+    """The standard-library files the demo pair was not trained on (training.json's
+    held_out_files), as found in the running interpreter's stdlib; files this
+    Python does not have are left out. The pair was trained on Python 3.12's."""
+    record = json.loads((DEMO_PAIR / "training.json").read_text())
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [root / name for name in record["held_out_files"] if (root / name).is_file()]

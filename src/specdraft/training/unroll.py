@@ -48,6 +48,7 @@ import torch
 
 from specdraft.checks import INDEX_DTYPES, check_choice, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
+from specdraft.proposers.checks import hidden_width
 from specdraft.training.attention import BACKENDS, chain_attention
 from specdraft.training.head_steps import (
     check_head,
@@ -135,7 +136,10 @@ def unroll(
     check_head(head, loop)
     check_tensor_arg("token_ids", token_ids, INDEX_DTYPES, rank=1)
     num_tokens = token_ids.shape[0]
-    check_tensor_arg("hidden_states", hidden_states, rank=2, shape=(num_tokens, None), device_of=token_ids)
+    # The width the head reads (EAGLE-3: its three aux layers), else a matmul error deep inside.
+    check_tensor_arg(
+        "hidden_states", hidden_states, rank=2, shape=(num_tokens, hidden_width(head)), device_of=token_ids
+    )
     check_tensor_arg("positions", positions, INDEX_DTYPES, shape=[(num_tokens,), (3, num_tokens)], device_of=token_ids)
     check_tensor_arg("cu_seqlens", cu_seqlens, INDEX_DTYPES, rank=1, device_of=token_ids)
     if cu_seqlens.shape[0] < 2:

@@ -1,0 +1,113 @@
+"""`python -m specdraft.capture TARGET OUT`: run a byte-level target over text files
+and save its outputs as shards for `python -m specdraft.eval` (format:
+specdraft.training.shards).
+
+    python -m specdraft.capture demo data/           # the shipped target, held-out stdlib files
+    python -m specdraft.capture path/to/target data/ --files a.py b.py --aux-layers none
+
+TARGET is a Llama/Qwen2-family folder (load_target_model) or "demo" (the shipped
+target). The text is read as bytes, so the target must have the 256-byte vocabulary;
+for a target with a tokenizer, tokenize yourself and call
+`specdraft.training.capture_target_outputs` then `save_batch`. The files are laid
+end to end (a blank line between files) and cut into windows of --seq-len bytes;
+each shard packs --per-shard windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specdraft.assets import DEMO_PAIR, demo_held_out_files
+from specdraft.models import default_aux_layers
+from specdraft.models.target_loading import load_target_model
+from specdraft.training.capture import capture_target_outputs
+from specdraft.training.shards import save_batch
+
+BYTE_VOCAB = 256
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specdraft.capture", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help='target folder, or "demo" for the shipped target')
+    parser.add_argument("out", type=Path, help="folder to write the shards to (created)")
+    parser.add_argument(
+        "--files", nargs="+", type=Path, help="text files (default, for demo: the held-out stdlib files)"
+    )
+    parser.add_argument("--seq-len", type=int, default=512, help="bytes per sequence (default 512)")
+    parser.add_argument("--per-shard", type=int, default=8, help="sequences per shard (default 8)")
+    parser.add_argument("--max-sequences", type=int, default=None, help="stop after this many sequences")
+    parser.add_argument(
+        "--aux-layers", default="eagle3", help='what hidden_states holds: "eagle3" (the default aux layers '
+        '(2, N // 2, N - 3), what EAGLE-3 heads fuse), "none" (the final hidden state: EAGLE-1 / MTP), or '
+        'layer ids "2,5,8"',
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.seq_len < 2 or args.per_shard < 1 or (args.max_sequences is not None and args.max_sequences < 1):
+        parser.error("--seq-len must be >= 2, --per-shard and --max-sequences >= 1")
+    if args.files is None and args.target != "demo":
+        parser.error("--files is required unless TARGET is demo")
+    return args
+
+
+def aux_layers_of(spec: str, num_layers: int) -> tuple[int, ...]:
+    if spec == "eagle3":
+        return default_aux_layers(num_layers)
+    if spec == "none":
+        return ()
+    try:
+        return tuple(int(i) for i in spec.split(","))
+    except ValueError:
+        raise ValueError(f'--aux-layers: expected "eagle3", "none" or comma-separated ints, got {spec!r}') from None
+
+
+def text_windows(files: list[Path], seq_len: int) -> list[torch.Tensor]:
+    """The files' bytes back to back, cut into full windows of seq_len bytes."""
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"--files: {f} is not a file")
+    blob = b"\n\n".join(f.read_bytes() for f in files)
+    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).long()
+    count = data.numel() // seq_len
+    if count == 0:
+        raise ValueError(f"--files: {len(blob)} bytes in all, fewer than one --seq-len window of {seq_len}")
+    return list(data[: count * seq_len].view(count, seq_len))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return capture(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def capture(args: argparse.Namespace) -> int:
+    folder = DEMO_PAIR / "target" if args.target == "demo" else Path(args.target)
+    target = load_target_model(folder, device=args.device).eval()
+    if target.config.vocab_size != BYTE_VOCAB:
+        raise ValueError(
+            f"target: vocab_size {target.config.vocab_size}; this command feeds raw bytes and needs 256. "
+            "Tokenize yourself and call specdraft.training.capture_target_outputs."
+        )
+    aux_layers = aux_layers_of(args.aux_layers, target.config.num_layers)
+    files = args.files if args.files is not None else demo_held_out_files()
+    windows = text_windows(files, args.seq_len)[: args.max_sequences]
+    args.out.mkdir(parents=True, exist_ok=True)
+    shards = [windows[i : i + args.per_shard] for i in range(0, len(windows), args.per_shard)]
+    for i, group in enumerate(tqdm(shards, desc="capture", unit="shard", disable=args.no_progress)):
+        batch = capture_target_outputs(target, [w.to(args.device) for w in group], aux_layers=aux_layers)
+        save_batch(args.out / f"shard-{i:05d}.safetensors", batch, aux_layers=aux_layers, target=str(folder))
+    print(f"wrote {len(shards)} shards ({len(windows)} sequences of {args.seq_len} bytes) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

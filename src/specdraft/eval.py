@@ -1,0 +1,119 @@
+"""`python -m specdraft.eval HEAD DATA`: evaluate a draft head on saved target outputs
+(shards from `python -m specdraft.capture` or `specdraft.training.save_batch`) and
+print its per-step table; --plot writes a PNG of acceptance per step.
+
+    python -m specdraft.capture demo data/                     # the shipped target's outputs
+    python -m specdraft.eval demo data/ --steps 3 --plot acceptance.png
+
+HEAD is a draft-head folder (load_draft_model: EAGLE-1, EAGLE-3, MTP, multi-layer
+MTP) or "demo" (the shipped EAGLE-3 head). A head saved without its embedding (or
+lm_head) takes the target's: pass --target (for "demo" the shipped target). The
+step is compiled (fullgraph, dynamic shapes: one graph for every shard), unless
+--eager. Exit status 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdraft.assets import DEMO_PAIR
+from specdraft.models import load_draft_model
+from specdraft.models.target_loading import load_target_model
+from specdraft.training.evaluate import DraftEvaluator, evaluate
+from specdraft.training.metrics import finalize
+from specdraft.training.report import format_table, plot_acceptance
+from specdraft.training.shards import shard_metadata, shard_paths
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specdraft.eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("head", help='draft-head folder, or "demo" for the shipped EAGLE-3 head')
+    parser.add_argument("data", type=Path, help="a folder of shards, or one .safetensors shard")
+    parser.add_argument("--steps", type=int, default=3, help="draft steps K per start (default 3)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="for Σ min(p, q) (default 0: greedy)")
+    parser.add_argument("--tokens", choices=("draft", "data"), default="draft",
+                        help="feed the head's own drafts (as served; default) or the data (teacher forcing)")  # fmt: skip
+    parser.add_argument("--method", choices=("eagle", "eagle3", "mtp"), help="head kind (default: from the folder)")
+    parser.add_argument("--target", help="target folder to share the embedding / lm_head from")
+    parser.add_argument("--divergence", action="store_true", help="also report cross-entropy and KL per step")
+    parser.add_argument("--plot", type=Path, help="write a PNG of acceptance per step (needs matplotlib)")
+    parser.add_argument("--json", type=Path, help="write the metrics and timings as JSON")
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=1024, help="evaluate each shard in groups of whole sequences of at "
+        "most this many tokens (default 1024; 0: whole shards). The sums do not change; on CPU the dense "
+        "attention's cost grows with the square of a group's size",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--eager", action="store_true", help="do not compile the evaluation step")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.max_batch_tokens < 0:
+        parser.error("--steps must be >= 1 and --max-batch-tokens >= 0")
+    return args
+
+
+def load_head(args):
+    """The head, with the target's embedding / lm_head shared where it has none."""
+    demo = args.head == "demo"
+    head = load_draft_model(DEMO_PAIR / "eagle3" if demo else Path(args.head), method="eagle3" if demo else args.method,
+                            device=args.device).eval()  # fmt: skip
+    target_folder = DEMO_PAIR / "target" if demo and args.target is None else args.target
+    if head.missing_weights:
+        if target_folder is None:
+            raise ValueError(
+                f"head: the checkpoint has no {', '.join(sorted(head.missing_weights))}; pass --target TARGET_FOLDER "
+                "to share the target's"
+            )
+        head.share_from(load_target_model(target_folder, device=args.device))
+    return head
+
+
+def check_shards(paths: list[Path], head) -> None:
+    """The shards' recorded aux layers against the head's config, where both say."""
+    want = (head.config.extra.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if want is None:
+        return
+    for path in paths:
+        recorded = shard_metadata(path).get("aux_layers")
+        if recorded is not None and json.loads(recorded) and list(json.loads(recorded)) != list(want):
+            raise ValueError(
+                f"data: {path} holds the target's layers {json.loads(recorded)}; the head fuses {list(want)}"
+            )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        head = load_head(args)
+        paths = shard_paths(args.data)
+        check_shards(paths, head)
+        evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
+                                   divergence=args.divergence, compile=not args.eager)  # fmt: skip
+        sums, timing = evaluate(
+            evaluator, paths, max_batch_tokens=args.max_batch_tokens or None, progress=not args.no_progress
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    metrics = finalize(sums)
+    print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {args.steps}, "
+          f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}")  # fmt: skip
+    print(format_table(metrics, sums, args.temperature))
+    print(f"{timing['tokens_per_s']:.0f} tokens/s over {timing['seconds']:.1f} s "
+          f"(the first shard, compile included: {timing['first_batch_s']:.1f} s)")  # fmt: skip
+    if args.plot is not None:
+        print(f"wrote {plot_acceptance(metrics, args.plot, f'{args.head}, K = {args.steps}', args.temperature)}")
+    if args.json is not None:
+        record = {name: value.tolist() for name, value in metrics._asdict().items()}
+        record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

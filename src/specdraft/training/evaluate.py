@@ -1,0 +1,132 @@
+"""Evaluate a draft head on saved target outputs: the unroll and the metrics as one
+compiled step per packed batch, summed exactly over every batch.
+
+    evaluator = DraftEvaluator(head, num_steps=3)           # compiled once, dynamic
+    sums = evaluate(evaluator, shard_paths("data/"))        # a progress bar per shard
+    print(format_table(finalize(sums), sums))
+
+The step (`DraftEvaluator.__call__`) is `unroll_for_eval` followed by `draft_metrics`
+under torch.compile(fullgraph=True, dynamic=True): no host sync, one graph for
+every batch length and sequence count, and no autograd state whatever the caller's
+grad mode, so a training loop can call it between optimizer steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specdraft.models.heads import Eagle3Head, MTPHead
+from specdraft.training.metrics import DraftMetricSums, combine, draft_metrics, finalize
+from specdraft.training.shards import TargetBatch, load_batch, split_batch
+from specdraft.training.unroll import LOOPS, TOKEN_MODES, unroll_for_eval
+
+
+def loop_for(head: torch.nn.Module) -> str:
+    """The proposer loop a head drafts with: "multi_layer" for MTP heads with several
+    layers (MultiLayerEagleProposer), "eagle" otherwise (EagleProposer)."""
+    return "multi_layer" if isinstance(head, MTPHead) and head.config.n_predict > 1 else "eagle"
+
+
+def vocab_map_of(head: torch.nn.Module) -> torch.Tensor | None:
+    """d2t when the head drafts over a smaller vocabulary than the target's (EAGLE-3),
+    None when its logits are already over the target's."""
+    if isinstance(head, Eagle3Head) and head.config.draft_vocab_size != head.config.vocab_size:
+        return head.d2t
+    return None
+
+
+class DraftEvaluator:
+    """One evaluation step for `head` (module docstring).
+
+    num_steps: K draft steps per start. temperature: a number (<= 0 greedy); the
+    expected acceptance Σ min(p, q) is taken at it. tokens: "draft" (the head's own
+    greedy drafts, as served) or "data" (teacher forcing). loop: "auto" picks the
+    head's proposer loop (`loop_for`). compile: True, False, or a dict of
+    torch.compile options (default fullgraph=True, dynamic=True).
+    """
+
+    def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, tokens: str = "draft",
+                 loop: str = "auto", divergence: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
+            raise ValueError(f"temperature must be a number (<= 0: greedy), got {temperature!r}")
+        if loop not in ("auto", *LOOPS):
+            raise ValueError(f"loop must be one of {('auto', *LOOPS)}, got {loop!r}")
+        if tokens not in TOKEN_MODES:
+            raise ValueError(f"tokens must be one of {TOKEN_MODES}, got {tokens!r}")
+        if not isinstance(compile, (bool, dict)):
+            raise ValueError(f"compile must be a bool or a dict of torch.compile options, got {type(compile).__name__}")
+        self.head = head
+        self.num_steps = num_steps
+        self.temperature = float(temperature)
+        self.tokens = tokens
+        self.loop = loop_for(head) if loop == "auto" else loop
+        self.divergence = divergence
+        self.step = self.metrics_of
+        if compile is not False:
+            options = {"fullgraph": True, "dynamic": True, **(compile if isinstance(compile, dict) else {})}
+            self.step = torch.compile(self.metrics_of, **options)
+
+    def metrics_of(self, batch: TargetBatch) -> DraftMetricSums:
+        """Unroll then metrics for one batch (what gets compiled)."""
+        out = unroll_for_eval(
+            self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
+        )
+        return draft_metrics(
+            out.logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=vocab_map_of(self.head),
+            cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def __call__(self, batch: TargetBatch) -> DraftMetricSums:
+        # One empty sequence appended: it changes no sum, and it keeps cu_seqlens at
+        # 3 entries or more, so a one-sequence batch reuses the dynamic graph (a
+        # symbolic size that may be 1 is guarded on, and a batch of one would
+        # compile a second graph).
+        cu_seqlens = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:]])
+        return self.step(batch._replace(cu_seqlens=cu_seqlens))
+
+
+def head_device(head: torch.nn.Module) -> torch.device:
+    return next(head.parameters()).device
+
+
+def evaluate(
+    evaluator: DraftEvaluator,
+    batches: Iterable[TargetBatch | str | Path],
+    *,
+    max_batch_tokens: int | None = None,
+    progress: bool = True,
+) -> tuple[DraftMetricSums, dict[str, float]]:
+    """Sum the metrics of every batch (TargetBatches, or shard paths read one at a
+    time onto the head's device). max_batch_tokens: split each batch into groups of
+    whole sequences of at most that many rows (`split_batch`; the sums are the
+    same, the dense attention's T^2 smaller). Returns (the exact sums, timing: tokens, seconds,
+    tokens_per_s, first_batch_s: the first batch's time, which holds the compile).
+    The progress bar shows the running greedy acceptance length (a host read between
+    batches, never inside the compiled step)."""
+    items = list(batches)
+    device = head_device(evaluator.head)
+    total, tokens, first_batch_s = None, 0, 0.0
+    start = time.perf_counter()
+    bar = tqdm(items, desc="evaluate", unit="batch", disable=not progress)
+    for i, item in enumerate(bar):
+        batch = load_batch(item, device) if isinstance(item, (str, Path)) else item.to(device)
+        for part in [batch] if max_batch_tokens is None else split_batch(batch, max_batch_tokens):
+            sums = evaluator(part)
+            total = sums if total is None else combine(total, sums)
+        tokens += batch.num_tokens
+        if i == 0:
+            first_batch_s = time.perf_counter() - start
+        bar.set_postfix(tokens=tokens, acceptance=f"{float(finalize(total).acceptance_length):.3f}")
+    if total is None:
+        raise ValueError("batches: nothing to evaluate")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    timing = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "first_batch_s": first_batch_s}
+    return total, timing

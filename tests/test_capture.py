@@ -1,0 +1,69 @@
+"""`python -m specdraft.capture`: the text's bytes cut into windows, packed into
+shards that hold what capture_target_outputs returns for them; bad input exits with
+an error naming the option."""
+
+import pytest
+import torch
+
+from specdraft.assets import demo_held_out_files, load_demo_pair
+from specdraft.capture import main
+from specdraft.models import default_aux_layers
+from specdraft.training import capture_target_outputs, load_batch, shard_metadata, shard_paths
+
+
+def test_shards_hold_the_windows_and_the_targets_outputs(tmp_path):
+    text = tmp_path / "a.py"
+    text.write_bytes(bytes(range(32, 127)) * 3)  # 285 bytes
+    other = tmp_path / "b.py"
+    other.write_bytes(b"def f(x):\n    return x + 1\n" * 4)  # 108 bytes
+    out = tmp_path / "data"
+    assert main(["demo", str(out), "--files", str(text), str(other), "--seq-len", "64", "--per-shard", "2",
+                 "--no-progress"]) == 0  # fmt: skip
+    blob = text.read_bytes() + b"\n\n" + other.read_bytes()  # 395 bytes: 6 windows of 64
+    windows = [torch.tensor(list(blob[i : i + 64])) for i in range(0, 6 * 64, 64)]
+    paths = shard_paths(out)
+    assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"]
+    target = load_demo_pair()[0]
+    aux = default_aux_layers(target.config.num_layers)
+    for i, path in enumerate(paths):
+        got = load_batch(path)
+        pair = windows[2 * i : 2 * i + 2]
+        assert torch.equal(got.token_ids, torch.cat(pair))
+        assert got.cu_seqlens.tolist() == [0, 64, 128]
+        want = capture_target_outputs(target, pair, aux_layers=aux)
+        torch.testing.assert_close(got.hidden_states, want.hidden_states)
+        torch.testing.assert_close(got.target_logits, want.target_logits)
+        assert shard_metadata(path)["aux_layers"] == str(list(aux))
+
+
+def test_default_files_are_the_held_out_stdlib_files(tmp_path):
+    if not demo_held_out_files():
+        pytest.skip("this Python's stdlib has none of the demo pair's held-out files")
+    out = tmp_path / "data"
+    assert main(["demo", str(out), "--max-sequences", "3", "--seq-len", "32", "--no-progress"]) == 0
+    first = demo_held_out_files()[0].read_bytes()[:32]
+    assert load_batch(shard_paths(out)[0]).token_ids[:32].tolist() == list(first)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["somewhere", "OUT"], "--files is required unless TARGET is demo"),
+        (["demo", "OUT", "--seq-len", "1"], "--seq-len must be >= 2"),
+        (["demo", "OUT", "--per-shard", "0"], "--per-shard"),
+    ],
+)
+def test_bad_options_exit_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_file_and_short_text(tmp_path, capsys):
+    assert main(["demo", str(tmp_path / "out"), "--files", str(tmp_path / "none.py"), "--no-progress"]) == 2
+    assert "none.py is not a file" in capsys.readouterr().err
+    short = tmp_path / "short.py"
+    short.write_bytes(b"x = 1\n")
+    assert main(["demo", str(tmp_path / "out"), "--files", str(short), "--no-progress"]) == 2
+    assert "fewer than one --seq-len window of 512" in capsys.readouterr().err

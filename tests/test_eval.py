@@ -1,0 +1,118 @@
+"""`python -m specdraft.eval`: on shards the shipped target wrote, the numbers it
+reports are a plain loop's over the head's drafts (greedy drafts from the eager
+unroll, whose equality with propose is tests/training/test_unroll_propose.py) and
+the target's argmax; --plot writes a PNG, --json the metrics; bad input exits 2
+with a message naming what is wrong."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.assets import DEMO_PAIR, load_demo_pair
+from specdraft.eval import main
+from specdraft.models import default_aux_layers
+from specdraft.training import capture_target_outputs, save_batch, unroll_for_eval
+
+K = 3
+LENGTHS = ((40, 9), (23, 31, 4))  # two shards; a 4-byte sequence has no full start
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    target, head = load_demo_pair()
+    gen = torch.Generator().manual_seed(11)
+    text = Path(__file__).read_bytes()
+    batches = []
+    for i, lengths in enumerate(LENGTHS):
+        seqs = []
+        for n in lengths:
+            start = int(torch.randint(0, len(text) - n, (1,), generator=gen))
+            seqs.append(torch.tensor(list(text[start : start + n])))
+        batch = capture_target_outputs(target, seqs, aux_layers=default_aux_layers(4))
+        save_batch(folder / f"shard-{i}.safetensors", batch, aux_layers=default_aux_layers(4))
+        batches.append((batch, lengths))
+    return folder, head, batches
+
+
+def plain_loop(head, batches):
+    """Per step k: scored rows, greedy matches, and starts whose drafts 1..k all
+    match (full starts only: all K target rows inside the sequence)."""
+    count, matches, prefix, starts = [0] * K, [0] * K, [0] * K, 0
+    for batch, lengths in batches:
+        drafts = unroll_for_eval(head, *batch.unroll_args(), num_steps=K).draft_tokens
+        argmax = batch.target_logits.argmax(-1)
+        begin = 0
+        for n in lengths:
+            for t in range(begin, begin + n):
+                ok = []
+                for k in range(K):
+                    row = t + k + 1
+                    if row < begin + n:
+                        count[k] += 1
+                        ok.append(int(drafts[k, t]) == int(argmax[row]))
+                        matches[k] += ok[-1]
+                if len(ok) == K:
+                    starts += 1
+                    for k in range(K):
+                        prefix[k] += all(ok[: k + 1])
+            begin += n
+    return count, matches, prefix, starts
+
+
+def test_reports_the_plain_loops_numbers(data, tmp_path, capsys):
+    folder, head, batches = data
+    png, record = tmp_path / "acceptance.png", tmp_path / "metrics.json"
+    argv = [
+        "demo",
+        str(folder),
+        "--steps",
+        str(K),
+        "--eager",
+        "--no-progress",
+        "--plot",
+        str(png),
+        "--json",
+        str(record),
+    ]
+    assert main(argv) == 0
+    count, matches, prefix, starts = plain_loop(head, batches)
+    got = json.loads(record.read_text())
+    assert got["sums"]["count"] == count
+    assert got["sums"]["matches"] == matches
+    assert got["sums"]["accepted_prefix"] == prefix
+    assert got["sums"]["starts"] == starts
+    assert got["acceptance_length"] == pytest.approx(sum(prefix) / starts, rel=1e-12)
+    assert got["timing"]["tokens"] == sum(sum(lengths) for lengths in LENGTHS)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert f"greedy acceptance length (exact, per start): {sum(prefix) / starts:.4f}" in out
+    for k in range(K):
+        assert f"{k + 1:>4}  {count[k]:>9}  {matches[k] / count[k]:>10.4f}" in out
+
+
+def test_a_head_folder_without_embedding_needs_the_target(data, tmp_path, capsys):
+    folder, _, _ = data
+    head_folder = str(DEMO_PAIR / "eagle3")
+    assert main([head_folder, str(folder), "--eager", "--no-progress"]) == 2
+    assert "pass --target TARGET_FOLDER" in capsys.readouterr().err
+    argv = [head_folder, str(folder), "--eager", "--no-progress", "--target", str(DEMO_PAIR / "target")]
+    assert main(argv + ["--json", str(tmp_path / "a.json")]) == 0
+    assert main(["demo", str(folder), "--eager", "--no-progress", "--json", str(tmp_path / "b.json")]) == 0
+    assert (
+        json.loads((tmp_path / "a.json").read_text())["sums"] == json.loads((tmp_path / "b.json").read_text())["sums"]
+    )
+
+
+def test_bad_data_exits_2(data, tmp_path, capsys):
+    folder, _, _ = data
+    assert main(["demo", str(tmp_path / "nothing"), "--eager", "--no-progress"]) == 2
+    assert "is neither a .safetensors file nor a folder" in capsys.readouterr().err
+    batch, _ = data[2][0]
+    save_batch(tmp_path / "other.safetensors", batch, aux_layers=(0, 1, 2))
+    assert main(["demo", str(tmp_path / "other.safetensors"), "--eager", "--no-progress"]) == 2
+    assert "holds the target's layers [0, 1, 2]; the head fuses [2, 2, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", str(folder), "--steps", "0"])
