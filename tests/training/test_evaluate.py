@@ -101,6 +101,7 @@ def test_loop_choice_and_bad_arguments():
     assert loop_for(eagle3) == "eagle" and loop_for(multi) == "multi_layer"
     assert DraftEvaluator(multi, num_steps=2, compile=False).loop == "multi_layer"
     for kwargs, message in [
+        (dict(num_steps=0), "num_steps"),
         (dict(temperature=float("nan")), "temperature must be a number"),
         (dict(temperature="0.5"), "temperature must be a number"),
         (dict(loop="tree"), "loop must be one of"),
@@ -108,7 +109,7 @@ def test_loop_choice_and_bad_arguments():
         (dict(compile="yes"), "compile must be a bool or a dict"),
     ]:
         with pytest.raises(ValueError, match=message):
-            DraftEvaluator(eagle3, num_steps=2, **{"compile": False, **kwargs})
+            DraftEvaluator(eagle3, **{"num_steps": 2, "compile": False, **kwargs})
     with pytest.raises(ValueError, match="batches: nothing to evaluate"):
         evaluate(DraftEvaluator(eagle3, num_steps=2, compile=False), [], progress=False)
 

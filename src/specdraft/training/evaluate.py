@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specdraft.checks import check_int_range
 from specdraft.models.heads import Eagle3Head, MTPHead
 from specdraft.training.metrics import DraftMetricSums, combine, draft_metrics, finalize
 from specdraft.training.shards import TargetBatch, load_batch, split_batch
@@ -52,6 +53,7 @@ class DraftEvaluator:
 
     def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, tokens: str = "draft",
                  loop: str = "auto", divergence: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
+        check_int_range("num_steps", num_steps, 1)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
             raise ValueError(f"temperature must be a number (<= 0: greedy), got {temperature!r}")
         if loop not in ("auto", *LOOPS):
