@@ -116,12 +116,41 @@ def _mul32_torch(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
 
 
-def _fmix32_torch(x: torch.Tensor) -> torch.Tensor:
+def _fmix32_inline(x: torch.Tensor) -> torch.Tensor:
     x = x ^ (x >> 16)
     x = _mul32_torch(x, 0x85EBCA6B)
     x = x ^ (x >> 13)
     x = _mul32_torch(x, 0xC2B2AE35)
     return x ^ (x >> 16)
+
+
+FMIX_CHUNK = 1 << 16  # values per slice: the finaliser's temporaries stay in cache
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fmix32", mutates_args=())
+def _fmix32_op(x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1)
+    if flat.numel() <= FMIX_CHUNK:
+        return _fmix32_inline(flat).view(x.shape)
+    out = torch.empty_like(flat)
+    for start in range(0, flat.numel(), FMIX_CHUNK):
+        out[start : start + FMIX_CHUNK] = _fmix32_inline(flat[start : start + FMIX_CHUNK])
+    return out.view(x.shape)
+
+
+@_fmix32_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _fmix32_torch(x: torch.Tensor) -> torch.Tensor:
+    # An opaque op, not inline torch: under torch.compile on CPU, Inductor inlined
+    # the finaliser's ~20 integer ops (the products split into 16-bit halves) into
+    # every sampling kernel, five times per draw (four for the row key, one per
+    # token), and generating that C++ was most of a compile: 75 of 108 s for a
+    # probabilistic propose on 2 cores (47 s in all without). As a custom op it is
+    # one extern call of eager torch ops, the same bits, run in cache-sized slices.
+    return _fmix32_op(x)
 
 
 @triton.jit
