@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sysconfig
 import time
 from pathlib import Path
 
@@ -39,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specdraft.assets import DEMO_PAIR, demo_held_out_files, load_demo_pair
+from specdraft.assets import DEMO_PAIR, demo_files, demo_held_out_files, load_demo_pair
+from specdraft.capture import read_text_bytes
 from specdraft.models import Eagle3Head, default_aux_layers, load_draft_model, save_draft_model
 from specdraft.training import (
     DraftEvaluator,
@@ -56,20 +56,6 @@ from specdraft.training import (
 STEP_WEIGHT = 0.8  # step k's loss weighs STEP_WEIGHT ** k: later steps, harder to learn, count less
 
 # ------------------------------------------------------------------------ data
-
-
-def stdlib_bytes(paths: list[Path]) -> torch.Tensor:
-    """The files' bytes back to back (a blank line between files), as uint8."""
-    blob = b"\n\n".join(p.read_bytes() for p in paths)
-    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-
-
-def train_files() -> list[Path]:
-    """training.json's train_files found in this interpreter's stdlib (the pair was
-    trained on Python 3.12's; files this Python lacks are left out)."""
-    names = json.loads((DEMO_PAIR / "training.json").read_text())["train_files"]
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return [root / name for name in names if (root / name).is_file()]
 
 
 def sample_windows(data: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -255,8 +241,8 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
 
-    train_data = stdlib_bytes(train_files())
-    held_data = stdlib_bytes(demo_held_out_files())
+    train_data = read_text_bytes(demo_files("train_files"))
+    held_data = read_text_bytes(demo_held_out_files())
     print(f"training text {train_data.numel() / 1e6:.2f} MB, held-out text {held_data.numel() / 1e6:.2f} MB")
     target = frozen_target(args.device)
     head = fresh_head(target, args.seed, args.device)

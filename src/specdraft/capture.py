@@ -67,16 +67,21 @@ def aux_layers_of(spec: str, num_layers: int) -> tuple[int, ...]:
         raise ValueError(f'--aux-layers: expected "eagle3", "none" or comma-separated ints, got {spec!r}') from None
 
 
-def text_windows(files: list[Path], seq_len: int) -> list[torch.Tensor]:
-    """The files' bytes back to back, cut into full windows of seq_len bytes."""
+def read_text_bytes(files: list[Path]) -> torch.Tensor:
+    """The files' bytes back to back (a blank line between files), as uint8."""
     for f in files:
         if not f.is_file():
             raise ValueError(f"--files: {f} is not a file")
     blob = b"\n\n".join(f.read_bytes() for f in files)
-    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).long()
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def text_windows(files: list[Path], seq_len: int) -> list[torch.Tensor]:
+    """The files' bytes back to back, cut into full windows of seq_len bytes."""
+    data = read_text_bytes(files).long()
     count = data.numel() // seq_len
     if count == 0:
-        raise ValueError(f"--files: {len(blob)} bytes in all, fewer than one --seq-len window of {seq_len}")
+        raise ValueError(f"--files: {data.numel()} bytes in all, fewer than one --seq-len window of {seq_len}")
     return list(data[: count * seq_len].view(count, seq_len))
 
 

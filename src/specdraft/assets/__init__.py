@@ -26,10 +26,16 @@ def load_demo_pair(
     return target, head
 
 
-def demo_held_out_files() -> list[Path]:
-    """The standard-library files the demo pair was not trained on (training.json's
-    held_out_files), as found in the running interpreter's stdlib; files this
-    Python does not have are left out. The pair was trained on Python 3.12's."""
+def demo_files(split: str) -> list[Path]:
+    """The standard-library files the demo pair was trained on (split "train_files")
+    or not (split "held_out_files"), as training.json lists them, found in the
+    running interpreter's stdlib; files this Python does not have are left out. The
+    pair was trained on Python 3.12's."""
     record = json.loads((DEMO_PAIR / "training.json").read_text())
     root = Path(sysconfig.get_paths()["stdlib"])
-    return [root / name for name in record["held_out_files"] if (root / name).is_file()]
+    return [root / name for name in record[split] if (root / name).is_file()]
+
+
+def demo_held_out_files() -> list[Path]:
+    """The stdlib files held out of the demo pair's training (demo_files)."""
+    return demo_files("held_out_files")

@@ -17,16 +17,13 @@ from specdraft.generation.verify import prompt_batch
 from specdraft.training.shards import TargetBatch
 
 
-def pack_sequences(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids [T] int64, cu_seqlens [S + 1] int64) of sequences laid end to end."""
+def check_sequences(sequences: list[torch.Tensor]) -> None:
+    """At least one sequence, each a non-empty 1-D integer tensor."""
     if not sequences:
         raise ValueError("sequences: at least one sequence is needed")
     for i, s in enumerate(sequences):
         if not isinstance(s, torch.Tensor) or s.dim() != 1 or s.shape[0] < 1 or s.is_floating_point():
             raise ValueError(f"sequences[{i}] must be a non-empty 1-D integer tensor")
-    lens = torch.tensor([s.shape[0] for s in sequences])
-    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
-    return torch.cat([s.long().cpu() for s in sequences]), cu_seqlens
 
 
 @torch.no_grad()
@@ -44,8 +41,8 @@ def capture_target_outputs(
     Tensors come back on the target's device."""
     weight = target.embed_tokens.weight
     vocab = weight.shape[0]
-    token_ids, cu_seqlens = pack_sequences(sequences)
-    if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab:
+    check_sequences(sequences)
+    if min(int(s.min()) for s in sequences) < 0 or max(int(s.max()) for s in sequences) >= vocab:
         raise ValueError(f"sequences: token ids must lie in [0, {vocab}), the target's vocabulary")
     longest = max(s.shape[0] for s in sequences)
     limit = getattr(target, "max_position_embeddings", None)
@@ -62,9 +59,9 @@ def capture_target_outputs(
     hidden, aux = target(ids, positions, metadata, caches, aux_layers=tuple(aux_layers))
     logits = target.compute_logits(hidden)
     return TargetBatch(
-        token_ids=token_ids.to(device),
+        token_ids=ids.long(),  # prompt_batch's packed int32 ids
         hidden_states=aux if aux_layers else hidden,
         target_logits=logits,
         positions=positions,
-        cu_seqlens=cu_seqlens.to(device),
+        cu_seqlens=metadata.query_start_loc.long(),
     )
