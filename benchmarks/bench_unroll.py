@@ -6,19 +6,24 @@ sequences of 2048 tokens, K draft steps per chain start.
   FlexAttention kernel) vs eager (dense attention, [T, T] scores per step);
 - train: teacher-forced unroll + a logsumexp loss, forward and backward.
 
-Chains per second (T chain starts, each K steps) and peak memory. Eager rows that do
-not fit in memory say so.
+S in {1, 2, 8} sequences, in one process, each compiled function built once with
+dynamic=True: the recompiles column counts Dynamo frames compiled for that row (the
+first row of each compiled step holds its one compile). Chains per second (T chain
+starts, each K steps), median ms of 3 calls after a warm-up, and peak memory above
+the inputs. A row that fails records its error class and the bench goes on.
 
-    python benchmarks/bench_unroll.py [--k 7] [--sequences 1 2 8]
+    python benchmarks/bench_unroll.py [--k 7] [--sequences 1 2 8] [--json out.json]
 """
 
 import argparse
+import json
 import time
 
 import torch
 from harness import device_name, emit, markdown_table
 
 from specdraft.models import DraftModelConfig, Eagle3Head
+from specdraft.testing import CompileCounts
 from specdraft.training import unroll, unroll_for_eval
 
 SEQ_LEN, DTYPE = 2048, torch.bfloat16
@@ -48,24 +53,29 @@ def packed(num_sequences: int):
 
 
 def measure(fn, reps: int = 3):
-    """(median seconds, peak GiB) of fn(), after one warm-up call (compiles)."""
-    fn()
+    """(median seconds, peak GiB above what was allocated before, Dynamo frames
+    compiled) of fn(), after one warm-up call (which compiles)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
+    with CompileCounts.measure() as counts:
+        fn()
+    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], (torch.cuda.max_memory_allocated() - base) / 2**30
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return sorted(times)[len(times) // 2], peak, counts.compiles
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--k", type=int, default=7)
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--json", help="also write the rows as JSON")
     args = parser.parse_args()
     head = make_head()
     k = args.k
@@ -84,29 +94,51 @@ def main():
 
         return step
 
-    compiled_eval = torch.compile(eval_step, fullgraph=True)
-    train_step, compiled_train = training_step(loss), training_step(torch.compile(loss, fullgraph=True))
-    rows = []
+    # dynamic=True: one graph for every T and sequence count (see docs/usage.md).
+    compiled_eval = torch.compile(eval_step, fullgraph=True, dynamic=True)
+    compiled_loss = torch.compile(loss, fullgraph=True, dynamic=True)
+    steps = {
+        ("eval", "eager (dense)"): eval_step,
+        ("eval", "compiled (flex)"): compiled_eval,
+        ("train", "eager (dense)"): training_step(loss),
+        ("train", "compiled (flex)"): training_step(compiled_loss),
+    }
+    rows, records = [], []
     for s in args.sequences:
         batch = packed(s)
         t = s * SEQ_LEN
-        for name, fn in (
-            ("eval", eval_step),
-            ("eval", compiled_eval),
-            ("train", train_step),
-            ("train", compiled_train),
-        ):
-            mode = "eager (dense)" if fn in (eval_step, train_step) else "compiled (flex)"
+        for (name, mode), fn in steps.items():
+            record = {"step": name, "mode": mode, "sequences": s, "tokens": t, "k": k}
             try:
-                seconds, peak = measure(lambda fn=fn, batch=batch: fn(batch))
-                rows.append(
-                    [name, mode, f"{s} x {SEQ_LEN}", k, f"{seconds * 1e3:.1f}", f"{t / seconds:.0f}", f"{peak:.1f}"]
-                )
+                seconds, peak, compiles = measure(lambda fn=fn, batch=batch: fn(batch))
+                record.update(ms=seconds * 1e3, chains_per_s=t / seconds, peak_gib=peak, compiles=compiles)
+                cells = [f"{seconds * 1e3:.1f}", f"{t / seconds:.0f}", f"{peak:.1f}", str(compiles)]
             except torch.OutOfMemoryError:
-                rows.append([name, mode, f"{s} x {SEQ_LEN}", k, "OOM", "-", "-"])
+                record["error"] = "OutOfMemoryError"
+                cells = ["OOM", "-", "-", "-"]
+            except Exception as error:  # noqa: BLE001 - the table records it and goes on
+                record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                cells = [type(error).__name__, "-", "-", "-"]
+                print(f"row {name} / {mode} / S={s} failed: {record['error']}", flush=True)
+            head.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
-    table = markdown_table(["step", "mode", "T", "K", "ms", "chains/s", "peak GiB"], rows)
-    emit("unroll", f"{device_name()}\n\n{table}")
+            records.append(record)
+            rows.append([name, mode, f"{s} x {SEQ_LEN}", k, *cells])
+            print(rows[-1], flush=True)
+    ratio_rows = []
+    for s in args.sequences:
+        for name in ("eval", "train"):
+            eager = next(r for r in records if r["sequences"] == s and r["step"] == name and "eager" in r["mode"])
+            comp = next(r for r in records if r["sequences"] == s and r["step"] == name and "compiled" in r["mode"])
+            speedup = f"{eager['ms'] / comp['ms']:.2f}x" if "ms" in eager and "ms" in comp else "-"
+            memory = f"{comp['peak_gib'] / eager['peak_gib']:.2f}" if "ms" in eager and "ms" in comp else "-"
+            ratio_rows.append([name, f"{s} x {SEQ_LEN}", speedup, memory])
+    table = markdown_table(["step", "mode", "T", "K", "ms", "chains/s", "peak GiB", "compiles"], rows)
+    ratios = markdown_table(["step", "T", "compiled speedup", "compiled / eager peak"], ratio_rows)
+    emit("unroll", f"{device_name()}\n\n{table}\n\n{ratios}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
 
 
 if __name__ == "__main__":

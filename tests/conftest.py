@@ -58,6 +58,33 @@ def device() -> str:
 _real_empty, _real_empty_like = torch.empty, torch.empty_like
 
 
+QUANTIZED = {torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+
+
+def poison_value(dtype: torch.dtype):
+    """What a fresh torch.empty of `dtype` is filled with, or None for a dtype that
+    fill_ does not take (quantized, bit and sub-byte types): NaN for floating and
+    complex, True for bool, and for integers a 0x5A / 0xA5 byte pattern that fits
+    the dtype's width. Fitting matters: torch's own callers (Inductor asks for
+    torch.empty((), dtype=torch.int16) while scheduling) must never see the fill
+    overflow."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    if dtype in QUANTIZED:
+        return None
+    try:
+        info = torch.iinfo(dtype)
+    except TypeError:  # bit types
+        return None
+    if info.bits < 8:
+        return None
+    if dtype.is_signed:
+        return -int("5A" * (info.bits // 8), 16)
+    return int("A5" * (info.bits // 8), 16)
+
+
 @torch.no_grad()  # torch's own callers may ask for requires_grad=True leaves
 def _poison(t: torch.Tensor) -> torch.Tensor:
     # Real eager tensors only. While torch.compile traces (Dynamo, or AOT decomposing
@@ -66,13 +93,13 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     # intermediate, which AOT rejects; Inductor allocates its own buffers anyway.
     if type(t) is not torch.Tensor or torch.compiler.is_compiling():
         return t
-    if t.is_floating_point():
-        return t.fill_(float("nan"))
-    if t.dtype == torch.bool:
-        return t.fill_(True)
-    if t.dtype in (torch.int32, torch.int64, torch.int16, torch.int8):
-        return t.fill_(-0x5A5A5A if t.dtype != torch.int8 else -90)
-    return t
+    value = poison_value(t.dtype)
+    if value is None:
+        return t
+    try:
+        return t.fill_(value)
+    except (RuntimeError, NotImplementedError):  # a dtype with no fill kernel on this device
+        return t
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 24's GPU points, logs under $OUT (the device tool's output folder):
+#   bash scripts/gpu_issue24.sh unroll   # the unroll's CUDA tests, bench_unroll at S = 1, 2, 8
+#   bash scripts/gpu_issue24.sh rest     # bench_unroll at S = 8 alone, the eval CLI at the 8B shape, bench_vocab_metrics
+#   bash scripts/gpu_issue24.sh suite    # the whole GPU suite
+# Each stage fits one 10-minute device call; every step has its own time limit so
+# that one hang cannot take the others' logs with it.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_issue24}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+case "${1:-unroll}" in
+unroll)
+    SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        tests/training/test_unroll_attention.py tests/training/test_unroll_flex_compile.py \
+        tests/test_poisoned_empty.py 2>&1 | tee "$OUT/tests_unroll.log" | tail -30
+    timeout 330 python3 benchmarks/bench_unroll.py --json "$OUT/unroll.json" 2>&1 | tee "$OUT/bench_unroll.log" | tail -40
+    ;;
+rest)
+    timeout 200 python3 benchmarks/bench_unroll.py --sequences 8 --json "$OUT/unroll8.json" 2>&1 \
+        | tee "$OUT/bench_unroll8.log" | tail -20
+    timeout 60 python3 scripts/eval_8b_shards.py /tmp/e8b --sequences 1 2 4 3 && \
+        timeout 170 python3 -m specdraft.eval /tmp/e8b/head /tmp/e8b/shards --device cuda --steps 7 --no-progress \
+        --json "$OUT/eval_cli.json" 2>&1 | tee "$OUT/eval_cli.log" | tail -20
+    timeout 100 python3 benchmarks/bench_vocab_metrics.py 2>&1 | tee "$OUT/bench_vocab_metrics.log" | tail -30
+    ;;
+suite)
+    SPECDRAFT_DEVICE=cuda timeout 540 python3 -m pytest -q -n 12 -m "not interpreter" -p no:cacheprovider tests \
+        2>&1 | tee "$OUT/suite.log" | tail -40
+    ;;
+esac
