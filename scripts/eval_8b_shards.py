@@ -37,11 +37,14 @@ def make_head(shape: dict) -> Eagle3Head:
 
 
 def make_batch(lengths: list[int], shape: dict, gen: torch.Generator) -> TargetBatch:
-    t = sum(lengths)
+    """Random outputs, drawn on the generator's device (the GPU when there is one:
+    128k-wide logits for thousands of rows take minutes on a CPU), saved from the host."""
+    t, device = sum(lengths), gen.device
+    logits = torch.randn(t, shape["vocab_size"], generator=gen, device=device, dtype=torch.bfloat16) * 2
     return TargetBatch(
-        token_ids=torch.randint(0, shape["vocab_size"], (t,), generator=gen, dtype=torch.int32),
-        hidden_states=torch.randn(t, 3 * shape["hidden_size"], generator=gen).to(torch.bfloat16),
-        target_logits=(torch.randn(t, shape["vocab_size"], generator=gen) * 2).to(torch.bfloat16),
+        token_ids=torch.randint(0, shape["vocab_size"], (t,), generator=gen, device=device, dtype=torch.int32).cpu(),
+        hidden_states=torch.randn(t, 3 * shape["hidden_size"], generator=gen, device=device).to(torch.bfloat16).cpu(),
+        target_logits=logits.cpu(),
         positions=torch.cat([torch.arange(n) for n in lengths]),
         cu_seqlens=torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32),
     )
@@ -56,7 +59,7 @@ def main():
     args = parser.parse_args()
     shape = SMALL if args.small else FULL
     save_draft_model(make_head(shape), args.out / "head")
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator("cuda" if torch.cuda.is_available() else "cpu").manual_seed(1)
     (args.out / "shards").mkdir(parents=True, exist_ok=True)
     for i, count in enumerate(args.sequences):
         # Lengths vary around seq_len, so the shards' T differ as real ones do.

@@ -2,7 +2,7 @@
 # Issue 24's GPU points, logs under $OUT (the device tool's output folder):
 #   bash scripts/gpu_issue24.sh unroll   # the unroll's CUDA tests, bench_unroll at S = 1, 2, 8
 #   bash scripts/gpu_issue24.sh rest     # bench_unroll at S = 8 alone, the eval CLI at the 8B shape, bench_vocab_metrics
-#   bash scripts/gpu_issue24.sh suite    # the whole GPU suite
+#   bash scripts/gpu_issue24.sh suite    # the eval CLI at the 8B shape, then the whole GPU suite
 # Each stage fits one 10-minute device call; every step has its own time limit so
 # that one hang cannot take the others' logs with it.
 set -uo pipefail
@@ -29,7 +29,10 @@ rest)
     timeout 100 python3 benchmarks/bench_vocab_metrics.py 2>&1 | tee "$OUT/bench_vocab_metrics.log" | tail -30
     ;;
 suite)
-    SPECDRAFT_DEVICE=cuda timeout 540 python3 -m pytest -q -n 12 -m "not interpreter" -p no:cacheprovider tests \
+    timeout 60 python3 scripts/eval_8b_shards.py /tmp/e8b --sequences 1 2 4 3 && \
+        timeout 150 python3 -m specdraft.eval /tmp/e8b/head /tmp/e8b/shards --device cuda --steps 7 --no-progress \
+        --json "$OUT/eval_cli.json" 2>&1 | tee "$OUT/eval_cli.log" | tail -20
+    SPECDRAFT_DEVICE=cuda timeout 390 python3 -m pytest -q -n 12 -m "not interpreter" -p no:cacheprovider tests \
         2>&1 | tee "$OUT/suite.log" | tail -40
     ;;
 esac
