@@ -17,7 +17,7 @@ the last bits):
 Both train through a dense path (SDPA attention) that calls the serving modules' own
 submodules (projections, norms, rotary, MLP), because the paged path materialises
 per-request keys and score matrices that make training several times slower;
-tests/test_demo_pair.py proves the dense path equal to TinyTargetModel / Eagle3Head
+tests/assets/test_demo_pair.py proves the dense path equal to TinyTargetModel / Eagle3Head
 over the paged KV cache, including the unrolled steps against the decode steps.
 Part of the head's batches are the target's own greedy continuations (generated
 through the paged cache), the text a greedy demo drafts over.

@@ -20,6 +20,13 @@ def window_of(index: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return (ends[None, :] <= index[..., None]).sum(dim=-1)
 
 
+def position_rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """positions[..., index] for 1-D [T] or M-RoPE [3, T] positions; index of any
+    shape (the result has positions' leading dims, then index's shape)."""
+    flat = positions.index_select(positions.dim() - 1, index.reshape(-1))
+    return flat.view(*positions.shape[:-1], *index.shape)
+
+
 @dataclass
 class BatchMetadata:
     """One batch as the engine lays it out; the draft's passes, the attention layers
@@ -44,3 +51,9 @@ class BatchMetadata:
     @property
     def num_reqs(self) -> int:
         return self.seq_lens.shape[0]
+
+
+def resolve_max_seq_len(max_seq_len, block_table: torch.Tensor, block_size: int):
+    """max_seq_len as given, or for None the block table's reach (width x block
+    size): the one place that default is decided (attention and the proposers)."""
+    return block_table.shape[1] * block_size if max_seq_len is None else max_seq_len

@@ -125,7 +125,9 @@ def check_eos(value, num_reqs: int, vocab_size: int) -> list[int]:
     return [-1 if v is None else v for v in values]
 
 
-def check_sampling(sampling: SamplingParams | None, num_reqs: int, proposer) -> tuple[torch.Tensor, torch.Tensor]:
+def check_generation_sampling(
+    sampling: SamplingParams | None, num_reqs: int, proposer
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(temperature [B] fp32, seeds [B] int64) on the CPU; greedy when None. A
     temperature > 0 needs drafts the rejection sampler can correct for: greedy
     drafts (one-hot), or probabilistic drafts with their probs."""

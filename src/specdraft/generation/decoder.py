@@ -233,7 +233,7 @@ class SpeculativeDecoder:
         num_reqs = len(prompts)
         max_new = checks.check_max_new_tokens(max_new_tokens, num_reqs)
         eos = checks.check_eos(eos_token_id, num_reqs, vocab)
-        temperature, seeds = checks.check_sampling(sampling, num_reqs, self.proposer)
+        temperature, seeds = checks.check_generation_sampling(sampling, num_reqs, self.proposer)
         num_blocks = num_reqs * self.blocks_per_request
         if self.proposer is not None:
             checks.check_draft_capacity(self.proposer, num_blocks, num_reqs)

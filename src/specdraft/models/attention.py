@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.layout import window_of
+from specdraft.layout import resolve_max_seq_len, window_of
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
 
 
@@ -75,7 +75,7 @@ def paged_attention(
     if heads % kv_heads or dim != kv_cache.shape[4]:
         raise ValueError(f"query must be [T, k * {kv_heads}, {kv_cache.shape[4]}], got {tuple(query.shape)}")
     bound = block_table.shape[1] * kv_cache.shape[2]
-    max_seq_len = bound if max_seq_len is None else max_seq_len
+    max_seq_len = resolve_max_seq_len(max_seq_len, block_table, kv_cache.shape[2])
     if isinstance(max_seq_len, int) and isinstance(bound, int) and not 1 <= max_seq_len <= bound:
         raise ValueError(f"max_seq_len must be in [1, block_table width * block_size = {bound}], got {max_seq_len}")
     if isinstance(max_query_len, int) and max_query_len < 1:

@@ -93,7 +93,9 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, c.mrope_section, c.rope_scaling, c.mrope_interleaved)
 
-    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
+    def project(self, positions, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k and v [T, kv_heads, D]: the projections, Qwen3's per-head
+        norm, RoPE at `positions`. Also what the training unroll attends with."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
@@ -101,6 +103,14 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
+        return q, k, v
+
+    def output(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """o_proj of the attention output [T, heads, D] -> [T, hidden]."""
+        return self.o_proj(attn_out.reshape(attn_out.shape[0], self.num_heads * self.head_dim))
+
+    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
+        q, k, v = self.project(positions, x)
         write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
         m = attn_metadata
         # The metadata goes into the region as tensors and the Python ints that fix its shapes.
@@ -109,8 +119,9 @@ class SelfAttention(nn.Module):
     @compile_region
     def attend(self, q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len) -> torch.Tensor:
         """o_proj of paged attention over a cache that already holds this step's keys."""
-        out = paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
-        return self.o_proj(out.reshape(q.shape[0], self.num_heads * self.head_dim))
+        return self.output(
+            paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
+        )
 
 
 class SwiGLU(nn.Module):
@@ -139,10 +150,21 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(h, config.intermediate_size)
 
     def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
-        attn_input = x if self.input_layernorm is None else self.input_layernorm(x)
-        return self.attend_and_mlp(positions, attn_input, x, kv_cache, attn_metadata)
+        attn_input, residual = self.attention_input(x)
+        return self.attend_and_mlp(positions, attn_input, residual, kv_cache, attn_metadata)
+
+    def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what attention reads, the residual) of the layer's input x."""
+        return (x if self.input_layernorm is None else self.input_layernorm(x)), x
 
     def attend_and_mlp(self, positions, attn_input, residual, kv_cache, attn_metadata) -> torch.Tensor:
-        """The layer after its input norm: residual + attention, then + MLP."""
-        h = residual + self.self_attn(positions, attn_input, kv_cache, attn_metadata)
+        """The layer after its input norm: residual + attention over the paged cache, then + MLP."""
+        return self.mlp_block(residual + self.self_attn(positions, attn_input, kv_cache, attn_metadata))
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The layer after an attention computed elsewhere (the training unroll's, over
+        every chain at once): attn_out [T, heads, D] -> o_proj, residual, then + MLP."""
+        return self.mlp_block(residual + self.self_attn.output(attn_out))
+
+    def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -1,15 +1,18 @@
 """specdraft.ops: the kernel layer. Each op is a `torch.library.triton_op` in the
 `specdraft` namespace: CUDA tensors run its Triton kernel, CPU tensors its pure-torch
-reference. This package imports torch, triton and the bottom layer (specdraft.checks,
-specdraft.layout) only."""
+reference. This package imports torch, triton and the bottom layer (specdraft.layout,
+specdraft.checks, specdraft.checked_mode, specdraft.value_checks) only; what several
+families share lives in ops/common."""
 
 from .backend import HAS_TRITON
+from .common.shift_window import MAX_SHIFT_LIMIT
 from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
 from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
 from .prepare_eagle import EagleInputs, prepare_eagle_input
 from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
 from .sampling import draft_sample, noise_uniform, rejection_sample
-from .shift_and_cache import MAX_SHIFT_LIMIT, shift_and_cache_1d, shift_and_cache_hidden
+from .shift_and_cache import shift_and_cache_hidden
+from .shift_and_cache_1d import shift_and_cache_1d
 from .shift_plan import ShiftPlan, shift_plan
 from .step_metadata import PADDING_SLOT_ID, step_metadata
 from .vocab_metrics import VocabMetrics, vocab_metrics

@@ -30,7 +30,9 @@ lane, the online-softmax statistics and the argmax of both rows (and, for diverg
 with a map, the target's statistics on the draft ids). Pass 2 needs both normalisers;
 it reads the tiles back to front, so the tiles pass 1 read last, the likeliest still
 in L2, come first. In base 2, min(p, q) = 2**min(log2 p, log2 q): one exp2 per token
-pair. Extra memory: the outputs, O(N).
+pair. Extra memory: the outputs, O(N). The row scans' per-lane statistics are
+ops/common/scan.py's; the reads of a draft tile and of the target at its ids,
+vocab_metrics_tiles.py's.
 """
 
 from typing import NamedTuple
@@ -44,8 +46,16 @@ from .backend import NAMESPACE, TRITON_INTERPRET, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
 # calls, and a module attribute is not carried along.
-from .sampling.noise import exp2
-from .sampling.scan import FAST_LOG2, lane_argmax_finish, lane_argmax_init, lane_argmax_update, lane_softmax_update
+from .common.fastmath import FAST_LOG2, exp2
+from .common.scan import (
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    lane_lse2,
+    lane_softmax_init,
+    lane_softmax_update,
+)
+from .vocab_metrics_tiles import draft_tile, load_target, target_log2
 
 # The interpreter emulates every lane in NumPy: small blocks keep it fast and make
 # small test vocabularies span several tiles (and pass 2's reversed order matter).
@@ -71,61 +81,6 @@ class VocabMetrics(NamedTuple):
 
 
 @triton.jit
-def _softmax_init(BLOCK: tl.constexpr):
-    # Finite: lane_softmax_update subtracts the running max, and -inf - -inf is NaN.
-    return tl.full([BLOCK], -3.4028234663852886e38, tl.float32), tl.zeros([BLOCK], tl.float32)
-
-
-@triton.jit
-def _lse2(lane_max, lane_sum):
-    """log2 sum 2**z across lanes; -inf for a row with no finite value."""
-    top = tl.max(lane_max, 0)
-    return top + tl.log2(tl.sum(lane_sum * tl.exp2(lane_max - top), 0))
-
-
-@triton.jit
-def _target_ids(d2t_ptr, idx, in_draft, vocab, HAS_MAP: tl.constexpr):
-    """(target ids of draft ids idx, where they may be read)."""
-    if HAS_MAP:
-        ids = idx + tl.load(d2t_ptr + idx, mask=in_draft, other=0).to(tl.int64)
-        return ids, in_draft & (ids >= 0) & (ids < vocab)
-    else:
-        return idx, in_draft
-
-
-@triton.jit
-def _load_target(row_ptr, ids, mask, PROBS: tl.constexpr):
-    """Raw target values: logits (-inf where masked) or probabilities (0 there)."""
-    if PROBS:
-        return tl.load(row_ptr + ids, mask=mask, other=0.0)
-    else:
-        return tl.load(row_ptr + ids, mask=mask, other=float("-inf"))
-
-
-@triton.jit
-def _draft_tile(draft_row, target_row, d2t_ptr, idx, draft_vocab, vocab, WITH_TARGET: tl.constexpr,
-                HAS_MAP: tl.constexpr, PROBS: tl.constexpr):  # fmt: skip
-    """Raw values of the draft ids idx (-inf outside [0, Vd)) and, WITH_TARGET, of the
-    target at their target ids (else the draft values again)."""
-    in_draft = (idx >= 0) & (idx < draft_vocab)
-    x = tl.load(draft_row + idx, mask=in_draft, other=float("-inf"))
-    if WITH_TARGET:
-        ids, readable = _target_ids(d2t_ptr, idx, in_draft, vocab, HAS_MAP)
-        return x, _load_target(target_row, ids, readable, PROBS)
-    else:
-        return x, x
-
-
-@triton.jit
-def _target_log2(x, gain, PROBS: tl.constexpr):
-    """log2 of the unnormalised tempered target: logits * log2(e) / s, or log2(probs) / s."""
-    if PROBS:
-        return tl.log2(x) * gain
-    else:
-        return x * gain
-
-
-@triton.jit
 def _second_pass(
     draft_row, target_row, d2t_ptr, draft_vocab, vocab, draft_gain, target_gain, d_lse2, t_lse2, o_lse2,
     HAS_MAP: tl.constexpr, PROBS: tl.constexpr, DIVERGENCE: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr,
@@ -141,14 +96,14 @@ def _second_pass(
     ce_lane = tl.zeros([BLOCK], tl.float32)
     kl_lane = tl.zeros([BLOCK], tl.float32)
     num_blocks = tl.cdiv(draft_vocab, BLOCK)
-    tile = _draft_tile(draft_row, target_row, d2t_ptr, (num_blocks - 1) * BLOCK + lanes, draft_vocab, vocab, True,
-                       HAS_MAP, PROBS)  # fmt: skip
+    tile = draft_tile(draft_row, target_row, d2t_ptr, (num_blocks - 1) * BLOCK + lanes, draft_vocab, vocab, True,
+                      HAS_MAP, PROBS)  # fmt: skip
     for back in range(0, num_blocks):
         idx = (num_blocks - 1 - back) * BLOCK + lanes
         x, xt = tile
         # Prefetch: the next tile's loads are in flight while this one is summed.
-        tile = _draft_tile(draft_row, target_row, d2t_ptr, idx - BLOCK, draft_vocab, vocab, True, HAS_MAP, PROBS)
-        zt = _target_log2(xt.to(tl.float32), target_gain, PROBS)
+        tile = draft_tile(draft_row, target_row, d2t_ptr, idx - BLOCK, draft_vocab, vocab, True, HAS_MAP, PROBS)
+        zt = target_log2(xt.to(tl.float32), target_gain, PROBS)
         log_q = x.to(tl.float32) * draft_gain - d_norm
         log_p = zt - t_norm
         if DIVERGENCE:
@@ -195,47 +150,47 @@ def _vocab_metrics_kernel(
 
     # Pass 1: per-lane softmax statistics and argmax of both rows. Each loop prefetches:
     # the next tile's loads are in flight while this one is reduced.
-    d_max, d_sum = _softmax_init(BLOCK)
-    t_max, t_sum = _softmax_init(BLOCK)
-    o_max, o_sum = _softmax_init(BLOCK)  # the target on the draft ids (divergence with a map)
+    d_max, d_sum = lane_softmax_init(BLOCK)
+    t_max, t_sum = lane_softmax_init(BLOCK)
+    o_max, o_sum = lane_softmax_init(BLOCK)  # the target on the draft ids (divergence with a map)
     d_best, d_idx = lane_argmax_init(0, BLOCK)
     t_best, t_idx = lane_argmax_init(0, BLOCK)
     if HAS_MAP:
-        target_next = _load_target(target_row, lanes, lanes < vocab, PROBS)
+        target_next = load_target(target_row, lanes, lanes < vocab, PROBS)
         for off in range(0, vocab, BLOCK):
             idx = off + lanes
             xt = target_next.to(tl.float32)
-            target_next = _load_target(target_row, idx + BLOCK, idx + BLOCK < vocab, PROBS)
+            target_next = load_target(target_row, idx + BLOCK, idx + BLOCK < vocab, PROBS)
             t_best, t_idx = lane_argmax_update(t_best, t_idx, xt, idx)
-            t_max, t_sum = lane_softmax_update(t_max, t_sum, _target_log2(xt, target_gain, PROBS), FAST)
-    tile = _draft_tile(draft_row, target_row, d2t_ptr, lanes, draft_vocab, vocab, DRAFT_IDS_TARGET,
-                       HAS_MAP, PROBS)  # fmt: skip
+            t_max, t_sum = lane_softmax_update(t_max, t_sum, target_log2(xt, target_gain, PROBS), FAST)
+    tile = draft_tile(draft_row, target_row, d2t_ptr, lanes, draft_vocab, vocab, DRAFT_IDS_TARGET,
+                      HAS_MAP, PROBS)  # fmt: skip
     for off in range(0, draft_vocab, BLOCK):
         idx = off + lanes
         x, xt = tile
-        tile = _draft_tile(draft_row, target_row, d2t_ptr, idx + BLOCK, draft_vocab, vocab, DRAFT_IDS_TARGET,
-                           HAS_MAP, PROBS)  # fmt: skip
+        tile = draft_tile(draft_row, target_row, d2t_ptr, idx + BLOCK, draft_vocab, vocab, DRAFT_IDS_TARGET,
+                          HAS_MAP, PROBS)  # fmt: skip
         x = x.to(tl.float32)
         d_best, d_idx = lane_argmax_update(d_best, d_idx, x, idx)
         d_max, d_sum = lane_softmax_update(d_max, d_sum, x * draft_gain, FAST)
         if HAS_MAP:
             if DIVERGENCE:
-                zt = _target_log2(xt.to(tl.float32), target_gain, PROBS)
+                zt = target_log2(xt.to(tl.float32), target_gain, PROBS)
                 o_max, o_sum = lane_softmax_update(o_max, o_sum, zt, FAST)
         else:  # the same ids: the target's own statistics
             xt = xt.to(tl.float32)
             t_best, t_idx = lane_argmax_update(t_best, t_idx, xt, idx)
-            t_max, t_sum = lane_softmax_update(t_max, t_sum, _target_log2(xt, target_gain, PROBS), FAST)
+            t_max, t_sum = lane_softmax_update(t_max, t_sum, target_log2(xt, target_gain, PROBS), FAST)
     _, d_arg = lane_argmax_finish(d_best, d_idx)
     _, t_arg = lane_argmax_finish(t_best, t_idx)
-    d_lse2 = _lse2(d_max, d_sum)
-    t_lse2 = _lse2(t_max, t_sum)
+    d_lse2 = lane_lse2(d_max, d_sum)
+    t_lse2 = lane_lse2(t_max, t_sum)
     o_lse2 = t_lse2
     draft_token = d_arg.to(tl.int64)
     if HAS_MAP:
         draft_token += tl.load(d2t_ptr + d_arg).to(tl.int64)
         if DIVERGENCE:
-            o_lse2 = _lse2(o_max, o_sum)
+            o_lse2 = lane_lse2(o_max, o_sum)
 
     # Pass 2, skipped by a greedy row unless it needs the divergences.
     min_sum = tl.zeros([], tl.float32)

@@ -4,7 +4,7 @@ config, KV caches and what differs. Every proposer has
 the same `propose` signature, and `propose_padded` / `propose_unpadded` after
 verification."""
 
-from specdraft.proposers.autoregressive import AutoregressiveSpeculator, DecodeState, DraftLM
+from specdraft.proposers.autoregressive import AutoregressiveSpeculator, DraftLM, PrefillState
 from specdraft.proposers.base import Proposer
 from specdraft.proposers.eagle import EagleProposer
 from specdraft.proposers.loop import DraftOutput, DraftSampler, StepState
@@ -13,7 +13,7 @@ from specdraft.proposers.multi_layer import MultiLayerEagleProposer
 
 __all__ = [
     "AutoregressiveSpeculator",
-    "DecodeState",
+    "PrefillState",
     "DraftLM",
     "DraftOutput",
     "DraftSampler",

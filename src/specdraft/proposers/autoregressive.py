@@ -36,20 +36,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specdraft.checked_mode import is_checked
 from specdraft.checks import check_shape
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.ops import copy_and_expand_inputs
 from specdraft.proposers.base import Proposer
-from specdraft.proposers.checks import check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
     DraftSampler,
     StepState,
+    TargetWindow,
     advance,
     allocate_draft_probs,
-    bounded,
     clamp_ids,
     clamp_rows,
     decode_n_tokens,
@@ -58,7 +56,6 @@ from specdraft.proposers.loop import (
     one_group,
     static_min,
 )
-from specdraft.proposers.value_checks import check_propose_values
 
 
 class DraftLM(nn.Module):
@@ -110,7 +107,7 @@ class DraftLM(nn.Module):
 
 
 @dataclass
-class DecodeState:
+class PrefillState:
     """What prefill hands to decode: draft token 0, the step state of the token fed
     next (the next token's position, already clamped; its slot; seq_lens), the
     sampler (with its [B, K, V] buffer, step 0 written) and the device step counter
@@ -131,6 +128,8 @@ class AutoregressiveSpeculator(Proposer):
     buffer, one row per step, at a device step counter.
     """
 
+    reads_hidden = False  # a standalone LM takes no target hidden states
+
     def __init__(
         self,
         model: nn.Module,
@@ -141,6 +140,11 @@ class AutoregressiveSpeculator(Proposer):
     ) -> None:
         super().__init__(model, config, kv_caches)
         self.advance_draft_positions = advance_draft_positions
+
+    @property
+    def draft_steps(self) -> int:
+        """The next token at the kept length, then K - 1 steps (or one slot, held)."""
+        return self.num_speculative_tokens if self.advance_draft_positions else 1
 
     @torch.no_grad()
     def propose(
@@ -176,7 +180,7 @@ class AutoregressiveSpeculator(Proposer):
         token_indices_to_sample: torch.Tensor | None = None,
         num_rejected_tokens: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> DecodeState:
+    ) -> PrefillState:
         """The draft's pass over the target's window plus each request's next token;
         samples draft token 0.
 
@@ -189,17 +193,15 @@ class AutoregressiveSpeculator(Proposer):
         (multimodal): used instead of the embedding of target_token_ids; the next token
         is always embedded from its id.
         """
-        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
-        num_tokens, _ = check_propose_inputs(self, *args, sampling, num_rejected_tokens=num_rejected_tokens,
-                                             reads_hidden=False)  # fmt: skip
-        if is_checked():
-            # The next token at the kept length, then K - 1 steps (or one slot, held).
-            steps = self.num_speculative_tokens if self.advance_draft_positions else 1
-            check_propose_values(self, *args, sampling, num_rejected_tokens=num_rejected_tokens, draft_steps=steps,
-                                 reads_hidden=False)  # fmt: skip
+        # token_indices_to_sample is implied by num_rejected_tokens: neither checked nor read.
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         num_rejected_tokens=num_rejected_tokens),
+            sampling,
+        )  # fmt: skip
+        metadata, num_tokens = window.metadata, target_token_ids.shape[0]
         if inputs_embeds is not None:
             check_shape("inputs_embeds", inputs_embeds, (num_tokens, self.model.config.hidden_size))
-        metadata = bounded(metadata, self.config.block_size)
         expanded = copy_and_expand_inputs(
             target_token_ids.contiguous(), first_row(target_positions).contiguous(), next_token_ids,
             metadata.query_start_loc, num_rejected_tokens, num_padding_slots_per_request=1,
@@ -239,9 +241,9 @@ class AutoregressiveSpeculator(Proposer):
         )
         draft_step = None if sample.probs is None else torch.zeros((), dtype=torch.int64, device=device)
         logits = self.model.compute_logits(h_sample.index_select(0, new_index), spec_step_idx=0)
-        return DecodeState(sample.step(logits, state, draft_step), state, sample, draft_step)
+        return PrefillState(sample.step(logits, state, draft_step), state, sample, draft_step)
 
-    def decode(self, state: DecodeState) -> DraftOutput:
+    def decode(self, state: PrefillState) -> DraftOutput:
         """The K - 1 single-token steps after prefill. Compile / capture this alone:
         `torch.compile(spec.decode, mode="reduce-overhead")`. Leaves `state` as it was
         (the captured graph mutates none of its inputs)."""

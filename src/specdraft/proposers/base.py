@@ -11,11 +11,16 @@ import torch
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
 from specdraft.config import SamplingParams, SpeculativeConfig
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
-from specdraft.proposers.checks import check_kv_caches, check_padded_inputs
-from specdraft.proposers.loop import DraftOutput, clamp_rows, rows
-from specdraft.proposers.value_checks import check_padded_values, check_unpadded_values
+from specdraft.proposers.checks import check_kv_caches, check_padded_inputs, check_propose_inputs
+from specdraft.proposers.loop import DraftOutput, TargetWindow, bounded, clamp_rows
+from specdraft.proposers.value_checks import (
+    KVGroup,
+    check_padded_values,
+    check_propose_values,
+    check_unpadded_values,
+)
 
 
 def repack(metadata: BatchMetadata, num_rejected_tokens, num_kept_tokens: int):
@@ -55,7 +60,10 @@ class Proposer:
 
     Subclasses define `propose` with the common signature:
     propose(target_token_ids, target_positions, target_hidden_states, next_token_ids,
-    metadata, sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None).
+    metadata, sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None),
+    bundle those arguments into a TargetWindow and pass it through `checked_window`
+    first; what differs between proposers is read from `reads_hidden`,
+    `table_block_size`, `draft_steps` and `kv_groups`.
 
     Every propose path runs under `torch.no_grad()`, whatever the caller's grad mode:
     drafting is never differentiable, so a compiled propose called between a training
@@ -85,6 +93,39 @@ class Proposer:
     @property
     def num_speculative_tokens(self) -> int:
         return self.config.num_speculative_tokens
+
+    # ------------------------------------------------------------ propose's prologue
+
+    # False for a draft that ignores target_hidden_states (a standalone draft LM).
+    reads_hidden = True
+
+    @property
+    def table_block_size(self) -> int:
+        """The block size of metadata.block_table (several KV-cache groups: group 0's)."""
+        return self.config.block_size
+
+    @property
+    def draft_steps(self) -> int:
+        """KV slots each request writes past its kept tokens, beyond the window: the
+        block table must reach them (EAGLE: one per single-token step, K - 1)."""
+        return self.num_speculative_tokens - 1
+
+    def kv_groups(self, metadata: BatchMetadata) -> list[KVGroup] | None:
+        """The KV-cache groups checked mode checks; None: the metadata's one group,
+        holding every cache."""
+        return None
+
+    def checked_window(self, window: TargetWindow, sampling: SamplingParams | None) -> TargetWindow:
+        """The start of every `propose`: the free checks, checked mode's value checks,
+        then the window with max_seq_len resolved (`bounded`), ready for the loop."""
+        block_size = self.table_block_size
+        check_propose_inputs(self, window, sampling, block_size=block_size, reads_hidden=self.reads_hidden)
+        if is_checked():
+            check_propose_values(
+                self, window, sampling, draft_steps=self.draft_steps, groups=self.kv_groups(window.metadata),
+                reads_hidden=self.reads_hidden,
+            )  # fmt: skip
+        return window._replace(metadata=bounded(window.metadata, block_size))
 
     def propose(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
                 sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None) -> DraftOutput:  # fmt: skip
@@ -160,7 +201,7 @@ class Proposer:
         index, repacked = repack(metadata, num_rejected_tokens, num_kept_tokens)
         hidden = None if target_hidden_states is None else target_hidden_states.index_select(0, index)
         return self.propose(
-            target_token_ids.index_select(0, index), rows(target_positions, index), hidden, next_token_ids, repacked,
+            target_token_ids.index_select(0, index), position_rows(target_positions, index), hidden, next_token_ids, repacked,
             sampling,
         )  # fmt: skip
 

@@ -10,11 +10,6 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, check_int_range, check_tensor_arg, same_size
 from specdraft.config import SamplingParams
 from specdraft.layout import BatchMetadata
-from specdraft.models import Eagle3Head, EagleHead, MTPHead
-
-# Which config.method each reference head needs; a user's own head is not checked.
-HEAD_METHODS = ((Eagle3Head, "eagle3"), (EagleHead, "eagle"), (MTPHead, "mtp"))
-
 
 # ------------------------------------------------------------------ the head
 
@@ -25,12 +20,8 @@ def uses_mrope(model) -> bool:
 
 def hidden_width(model) -> int | None:
     """Width of the target hidden states the head reads (EAGLE-3: three aux layers
-    concatenated), or None for a head that reads none or is not ours."""
-    if isinstance(model, Eagle3Head):
-        return 3 * model.config.target_hidden_size
-    if isinstance(model, EagleHead | MTPHead):
-        return model.config.hidden_size
-    return None
+    concatenated), or None for a head that does not say (not one of ours)."""
+    return getattr(model, "hidden_width", None)
 
 
 def head_dtype(model) -> torch.dtype | None:
@@ -44,13 +35,13 @@ def head_dtype(model) -> torch.dtype | None:
 
 
 def check_method(model, method: str) -> None:
-    for head_type, want in HEAD_METHODS:
-        if isinstance(model, head_type):
-            if method != want:
-                raise ValueError(
-                    f"config.method is {method!r} but the head is {type(model).__name__}, which needs method={want!r}"
-                )
-            return
+    """config.method against the method the head says it needs (its `method`); a
+    user's own head that says none is not checked."""
+    want = getattr(model, "method", None)
+    if want and method != want:
+        raise ValueError(
+            f"config.method is {method!r} but the head is {type(model).__name__}, which needs method={want!r}"
+        )
 
 
 def check_kv_caches(model, config, kv_caches: list[torch.Tensor], *, block_sizes: list[int] | None = None) -> None:
@@ -169,10 +160,7 @@ def check_hidden_states(model, target_hidden_states, num_tokens, device: torch.T
         raise ValueError(f"target_hidden_states must have {num_tokens} rows, got shape {shape}")
     width = hidden_width(model)
     if width is not None and not same_size(target_hidden_states.shape[1], width):
-        if isinstance(model, Eagle3Head):
-            what = "3 x target_hidden_size: EAGLE-3 fuses three aux layers"
-        else:
-            what = "the head's hidden_size"
+        what = getattr(model, "hidden_width_note", "the head's hidden width")
         raise ValueError(f"target_hidden_states must have {width} columns ({what}), got shape {shape}")
 
 
@@ -190,24 +178,20 @@ def check_sampling(config, sampling, num_reqs: int, device: torch.Tensor) -> Non
     check_tensor_arg("sampling.seeds", sampling.seeds, INDEX_DTYPES, shape=(num_reqs,), device_of=device)
 
 
-def check_propose_inputs(
-    proposer, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling=None, *,
-    token_indices_to_sample=None, num_rejected_tokens=None, block_size: int | None = None, reads_hidden: bool = True,
-) -> tuple[int, int]:  # fmt: skip
-    """Every free check of `propose`; returns (T, B). block_size: the one the block
-    table is in (default config.block_size). reads_hidden: False for a proposer that
-    ignores target_hidden_states (a standalone draft LM)."""
-    model, config = proposer.model, proposer.config
-    block_size = config.block_size if block_size is None else block_size
+def check_propose_inputs(proposer, window, sampling, *, block_size: int, reads_hidden: bool) -> tuple[int, int]:
+    """Every free check of `propose` on its TargetWindow (specdraft.proposers.loop);
+    returns (T, B). block_size: the one the block table is in. reads_hidden: False
+    for a proposer that ignores target_hidden_states (a standalone draft LM)."""
+    model, ids = proposer.model, window.token_ids
     num_tokens, num_reqs = check_batch(
-        target_token_ids, target_positions, next_token_ids, metadata, block_size=block_size, model=model
+        ids, window.positions, window.next_token_ids, window.metadata, block_size=block_size, model=model
     )
     if reads_hidden:
-        check_hidden_states(model, target_hidden_states, num_tokens, target_token_ids)
-    check_sampling(config, sampling, num_reqs, target_token_ids)
-    for name, value in (("token_indices_to_sample", token_indices_to_sample),
-                        ("num_rejected_tokens", num_rejected_tokens)):  # fmt: skip
-        check_tensor_arg(name, value, INDEX_DTYPES, shape=(num_reqs,), device_of=target_token_ids, optional=True)
+        check_hidden_states(model, window.hidden_states, num_tokens, ids)
+    check_sampling(proposer.config, sampling, num_reqs, ids)
+    for name, value in (("token_indices_to_sample", window.token_indices_to_sample),
+                        ("num_rejected_tokens", window.num_rejected_tokens)):  # fmt: skip
+        check_tensor_arg(name, value, INDEX_DTYPES, shape=(num_reqs,), device_of=ids, optional=True)
     return num_tokens, num_reqs
 
 

@@ -13,18 +13,17 @@ import functools
 
 import torch
 
-from specdraft.checked_mode import is_checked
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata, window_of
 from specdraft.ops import copy_and_expand_inputs, extend_queries_by_n, new_slot_mapping
 from specdraft.proposers.base import Proposer
-from specdraft.proposers.checks import check_method, check_propose_inputs
+from specdraft.proposers.checks import check_method
 from specdraft.proposers.loop import (
     DraftOutput,
     DraftSampler,
+    TargetWindow,
     advance,
     allocate_draft_probs,
-    bounded,
     clamp_ids,
     clamp_rows,
     draft_k_tokens,
@@ -32,7 +31,6 @@ from specdraft.proposers.loop import (
     static_min,
     step_counter,
 )
-from specdraft.proposers.value_checks import check_propose_values
 
 
 def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
@@ -61,16 +59,6 @@ class EagleProposer(Proposer):
         token, vocab = config.parallel_drafting_token_id, model.config.vocab_size
         if config.parallel_drafting and token >= vocab:
             raise ValueError(f"parallel_drafting_token_id = {token} is outside the head's vocabulary [0, {vocab})")
-
-    def check_inputs(self, args, sampling, token_indices_to_sample, num_rejected_tokens) -> None:
-        """The free checks, and checked mode's value checks (draft steps: K - 1)."""
-        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                             num_rejected_tokens=num_rejected_tokens)  # fmt: skip
-        if is_checked():
-            check_propose_values(
-                self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                num_rejected_tokens=num_rejected_tokens, draft_steps=self.num_speculative_tokens - 1,
-            )  # fmt: skip
 
     @torch.no_grad()
     def propose(
@@ -103,13 +91,13 @@ class EagleProposer(Proposer):
                 target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
                 num_rejected_tokens=num_rejected_tokens,
             )  # fmt: skip
-        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
-        self.check_inputs(args, sampling, token_indices_to_sample, num_rejected_tokens)
-        metadata = bounded(metadata, self.config.block_size)
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         token_indices_to_sample, num_rejected_tokens),
+            sampling,
+        )  # fmt: skip
         return draft_k_tokens(
-            self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
-            next_token_ids, metadata, sampling, token_indices_to_sample=token_indices_to_sample,
-            num_rejected_tokens=num_rejected_tokens,
+            self.model, self.kv_caches, self.config, window, sampling,
             advance=functools.partial(advance, block_size=self.config.block_size,
                                       max_model_len=self.config.max_model_len),
         )  # fmt: skip
@@ -137,9 +125,12 @@ class EagleProposer(Proposer):
         max_model_len limit follow each token's index in its sequence (the window
         is the last tokens of seq_lens); with M-RoPE that is not a positions row
         (images compress them). M-RoPE rotary positions: see `expanded_positions`."""
-        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
-        self.check_inputs(args, sampling, None, num_rejected_tokens)
-        metadata = bounded(metadata, self.config.block_size)
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         num_rejected_tokens=num_rejected_tokens),
+            sampling,
+        )  # fmt: skip
+        metadata = window.metadata
         k, num_reqs = self.num_speculative_tokens, metadata.num_reqs
         qsl = metadata.query_start_loc
         seq_index = sequence_index(target_positions, qsl, metadata.seq_lens)

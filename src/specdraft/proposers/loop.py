@@ -28,13 +28,32 @@ from typing import NamedTuple
 import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows, resolve_max_seq_len
 from specdraft.ops import draft_sample, step_metadata
 
 
 class DraftOutput(NamedTuple):
     draft_tokens: torch.Tensor  # [B, K] int32 (target vocabulary)
     draft_probs: torch.Tensor | None  # [B, K, V] fp32, when config.return_probs is set
+
+
+class TargetWindow(NamedTuple):
+    """What `propose` receives from the target, bundled once so the checks and the
+    loop take one argument (the public signature stays vLLM's flat one).
+
+    token_ids [T], positions [T] or M-RoPE [3, T], hidden_states [T, H_target] (None
+    for a draft that reads none), next_token_ids [B], metadata: the target's batch.
+    token_indices_to_sample [B] (default: each window's last token) and
+    num_rejected_tokens [B] (default 0): where each request samples after
+    verification, and the rejected tokens after it."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    hidden_states: torch.Tensor | None
+    next_token_ids: torch.Tensor
+    metadata: BatchMetadata
+    token_indices_to_sample: torch.Tensor | None = None
+    num_rejected_tokens: torch.Tensor | None = None
 
 
 @dataclass
@@ -75,11 +94,6 @@ def clamp_ids(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return token_ids.clamp(0, vocab_size - 1)
 
 
-def rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """positions[..., index] for 1-D or M-RoPE positions."""
-    return positions.index_select(positions.dim() - 1, index)
-
-
 def first_row(positions: torch.Tensor) -> torch.Tensor:
     return positions[0] if positions.dim() == 2 else positions
 
@@ -93,10 +107,9 @@ def static_min(a, b):
 
 
 def bounded(metadata: BatchMetadata, block_size: int) -> BatchMetadata:
-    """max_seq_len resolved: None means the block table's reach."""
-    if metadata.max_seq_len is not None:
-        return metadata
-    return dataclasses.replace(metadata, max_seq_len=metadata.block_table.shape[1] * block_size)
+    """The metadata with max_seq_len resolved (`resolve_max_seq_len`)."""
+    max_seq_len = resolve_max_seq_len(metadata.max_seq_len, metadata.block_table, block_size)
+    return dataclasses.replace(metadata, max_seq_len=max_seq_len)
 
 
 def shift_input_ids(target_token_ids, next_token_ids, sample_index) -> torch.Tensor:
@@ -136,7 +149,7 @@ def single_token_batch(metadata: BatchMetadata, seq_lens, slot_mapping, max_seq_
 def first_step_state(positions, sample_index, seq_lens, hidden, metadata: BatchMetadata) -> StepState:
     """The state before step 1: each request sits on its sampled token, the last of
     its seq_lens tokens (index seq_len - 1, whatever its M-RoPE positions say)."""
-    sampled = rows(positions, sample_index)
+    sampled = position_rows(positions, sample_index)
     pad = torch.full((metadata.num_reqs,), PADDING_SLOT_ID, dtype=torch.int64, device=sampled.device)
     batch = single_token_batch(metadata, seq_lens.clone(), pad, metadata.max_seq_len)
     seq_index = seq_lens.long() - 1 if positions.dim() == 2 else None
@@ -257,21 +270,23 @@ def decode_n_tokens(
 
 
 def draft_k_tokens(
-    model, kv_caches, config: SpeculativeConfig, target_token_ids, target_positions, target_hidden_states,
-    next_token_ids, metadata: BatchMetadata, sampling: SamplingParams | None, *, token_indices_to_sample=None,
-    num_rejected_tokens=None, advance: Advance, attention: Attention = one_group,
+    model, kv_caches, config: SpeculativeConfig, window: TargetWindow, sampling: SamplingParams | None, *,
+    advance: Advance, attention: Attention = one_group,
 ) -> DraftOutput:  # fmt: skip
     """EAGLE's loop: a first pass over the target's windows (ids shifted by one, each
-    request's next token at its sample index), then K - 1 single-token steps."""
-    num_reqs, device = metadata.num_reqs, target_token_ids.device
-    sample_index, seq_lens = sample_rows(metadata, token_indices_to_sample, num_rejected_tokens)
-    input_ids = clamp_ids(shift_input_ids(target_token_ids, next_token_ids, sample_index), model.config.vocab_size)
-    hidden_states = model.combine_hidden_states(target_hidden_states)
+    request's next token at its sample index), then K - 1 single-token steps.
+    window.metadata's max_seq_len is resolved (`bounded`)."""
+    metadata, positions = window.metadata, window.positions
+    num_reqs, device = metadata.num_reqs, window.token_ids.device
+    sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
+    shifted = shift_input_ids(window.token_ids, window.next_token_ids, sample_index)
+    input_ids = clamp_ids(shifted, model.config.vocab_size)
+    hidden_states = model.combine_hidden_states(window.hidden_states)
     h_sample, h_next = first_pass(
-        model, kv_caches, input_ids, target_positions, hidden_states, attention(metadata), sample_index
+        model, kv_caches, input_ids, positions, hidden_states, attention(metadata), sample_index
     )
     sample = DraftSampler(config, sampling, allocate_draft_probs(config, model.config.vocab_size, num_reqs, device))
-    state = first_step_state(target_positions, sample_index, seq_lens, h_next, metadata)
+    state = first_step_state(positions, sample_index, seq_lens, h_next, metadata)
     step_index = step_counter(sample.probs, 0, device)
     first = sample.step(model.compute_logits(h_sample, spec_step_idx=0), state, step_index)
     tokens = decode_n_tokens(
@@ -296,7 +311,7 @@ def draft_chained(
     position + 1 + k)."""
     num_reqs, device = metadata.num_reqs, hidden_states.device
     sample = DraftSampler(config, sampling, allocate_draft_probs(config, model.config.vocab_size, num_reqs, device))
-    token_positions = first_row(rows(positions, sample_index)) + 1
+    token_positions = first_row(position_rows(positions, sample_index)) + 1
     tokens: list[torch.Tensor] = []
     for step in range(config.num_speculative_tokens):
         if step:

@@ -24,22 +24,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, check_dtype, check_int_range, check_shape
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import step_metadata
 from specdraft.proposers.base import Proposer
-from specdraft.proposers.checks import check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
     StepState,
-    bounded,
+    TargetWindow,
     draft_k_tokens,
     single_token_batch,
     static_min,
 )
-from specdraft.proposers.value_checks import KVGroup, check_propose_values
+from specdraft.proposers.value_checks import KVGroup
 
 
 @dataclass
@@ -166,6 +164,11 @@ class MultiGroupMTPProposer(Proposer):
     def num_groups(self) -> int:
         return len(self.block_sizes)
 
+    @property
+    def table_block_size(self) -> int:
+        """metadata.block_table is group 0's."""
+        return self.block_sizes[0]
+
     @torch.no_grad()
     def propose(
         self,
@@ -181,18 +184,13 @@ class MultiGroupMTPProposer(Proposer):
     ) -> DraftOutput:
         """As EagleProposer.propose, with every group's block table and slot mapping."""
         self.check_groups(metadata, target_token_ids.shape[0])
-        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
-        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                             num_rejected_tokens=num_rejected_tokens, block_size=self.block_sizes[0])  # fmt: skip
-        if is_checked():
-            check_propose_values(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                                 num_rejected_tokens=num_rejected_tokens, draft_steps=self.num_speculative_tokens - 1,
-                                 groups=self.kv_groups(metadata))  # fmt: skip
-        metadata = bounded(metadata, self.block_sizes[0])
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         token_indices_to_sample, num_rejected_tokens),
+            sampling,
+        )  # fmt: skip
         return draft_k_tokens(
-            self.model, self.kv_caches, self.config, target_token_ids, target_positions, target_hidden_states,
-            next_token_ids, metadata, sampling, token_indices_to_sample=token_indices_to_sample,
-            num_rejected_tokens=num_rejected_tokens,
+            self.model, self.kv_caches, self.config, window, sampling,
             advance=functools.partial(advance_groups, block_sizes=self.block_sizes,
                                       max_model_len=self.config.max_model_len),
             attention=functools.partial(per_layer_attention, layer_groups=self.layer_groups,
@@ -200,6 +198,7 @@ class MultiGroupMTPProposer(Proposer):
         )  # fmt: skip
 
     def kv_groups(self, metadata: GroupedBatchMetadata) -> list[KVGroup]:
+        """Each group's block table, slot mapping, block size and caches."""
         return [
             KVGroup(f"block_tables[{g}]", metadata.block_tables[g], f"slot_mappings[{g}]", metadata.slot_mappings[g],
                     size, [c for c, lg in zip(self.kv_caches, self.layer_groups, strict=True) if lg == g])

@@ -14,7 +14,7 @@ so layer k at position p reads the token at p + k + 1 and layer k-1's hidden sta
 p, and every layer writes its own KV for the whole window. Draft token k is sampled
 from the sample row of pass k.
 
-Before pass 0, `adjust_input` (specdraft.adjust_input) shifts each window right so it
+Before pass 0, `adjust_input` (specdraft.proposers.adjust_input) shifts each window right so it
 ends at its token to sample, refilling the front from a per-request cache of the
 previous call's tail. That recomputes, in every layer, the KV of up to n_predict
 tokens before the window, which the previous call wrote from draft tokens that may
@@ -41,22 +41,22 @@ import warnings
 
 import torch
 
-from specdraft.adjust_input import ShiftCache, adjust_input
 from specdraft.checked_mode import is_checked
 from specdraft.checks import check_int_range
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import MAX_SHIFT_LIMIT
+from specdraft.proposers.adjust_input import ShiftCache, adjust_input
 from specdraft.proposers.base import Proposer, check_unpadded_args
-from specdraft.proposers.checks import check_propose_inputs
 from specdraft.proposers.loop import (
     DraftOutput,
+    TargetWindow,
     clamp_ids,
     clamp_rows,
     draft_chained,
     shift_input_ids,
 )
-from specdraft.proposers.value_checks import check_propose_values, check_unpadded_values
+from specdraft.proposers.value_checks import check_unpadded_values
 
 
 class MultiLayerEagleProposer(Proposer):
@@ -110,6 +110,11 @@ class MultiLayerEagleProposer(Proposer):
     def num_layers(self) -> int:
         return self.shift_cache.max_shift
 
+    @property
+    def draft_steps(self) -> int:
+        """Every pass covers the window only: no draft step writes past it."""
+        return 0
+
     def reset_cache(self, rows: torch.Tensor | list[int] | None = None) -> None:
         """Forget the cached tails of batch rows `rows` (default: all), e.g. when new
         requests take those rows."""
@@ -137,17 +142,14 @@ class MultiLayerEagleProposer(Proposer):
         drops rejected tokens from the end of each window, and tokens it cannot drop
         sit after the sample index, where causal attention keeps them from the sampled
         row in every pass."""
-        args = (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata)
-        check_propose_inputs(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                             num_rejected_tokens=num_rejected_tokens)  # fmt: skip
-        if is_checked():
-            # Every pass covers the window only: no draft step writes past it.
-            check_propose_values(self, *args, sampling, token_indices_to_sample=token_indices_to_sample,
-                                 num_rejected_tokens=num_rejected_tokens, draft_steps=0)  # fmt: skip
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         token_indices_to_sample, num_rejected_tokens),
+            sampling,
+        )  # fmt: skip
+        metadata = window.metadata
         if metadata.num_reqs > self.max_num_reqs:
             raise ValueError(f"metadata holds {metadata.num_reqs} requests, more than max_num_reqs {self.max_num_reqs}")
-        if metadata.max_seq_len is None:
-            metadata = dataclasses.replace(metadata, max_seq_len=metadata.block_table.shape[1] * self.config.block_size)
         if token_indices_to_sample is None:
             token_indices_to_sample = metadata.query_start_loc[1:] - 1
         num_reqs = metadata.num_reqs

@@ -15,16 +15,18 @@ from specdraft.value_checks import check_finite, check_in_range, draft_counts, f
 
 
 def check_propose_values(
-    proposer, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling=None, *,
-    token_indices_to_sample=None, num_rejected_tokens=None, draft_steps: int, groups=None, reads_hidden: bool = True,
-) -> None:  # fmt: skip
-    """Every value check of `propose` (the free checks have passed).
+    proposer, window, sampling, *, draft_steps: int, groups=None, reads_hidden: bool = True
+) -> None:
+    """Every value check of `propose` on its TargetWindow (the free checks have passed).
 
     draft_steps: KV slots each request writes past its kept tokens, beyond the
     window (EAGLE: K - 1; an autoregressive draft: K; multi-layer: 0); the block
     table must reach them (capped at max_model_len). groups: one KVGroup per
     KV-cache group (default: the metadata's one group and every cache of the
     proposer)."""
+    # Unpacked under propose's argument names, which the messages use.
+    (target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, token_indices_to_sample,
+     num_rejected_tokens) = window  # fmt: skip
     vocab = proposer.model.config.vocab_size
     max_model_len = proposer.config.max_model_len
     num_tokens = target_token_ids.shape[0]

@@ -21,24 +21,15 @@ import torch
 from tqdm.auto import tqdm
 
 from specdraft.checks import check_int_range
-from specdraft.models.heads import Eagle3Head, MTPHead
 from specdraft.training.metrics import DraftMetricSums, combine, draft_metrics, finalize
 from specdraft.training.shards import TargetBatch, load_batch, split_batch
 from specdraft.training.unroll import LOOPS, TOKEN_MODES, unroll_for_eval
 
 
 def loop_for(head: torch.nn.Module) -> str:
-    """The proposer loop a head drafts with: "multi_layer" for MTP heads with several
-    layers (MultiLayerEagleProposer), "eagle" otherwise (EagleProposer)."""
-    return "multi_layer" if isinstance(head, MTPHead) and head.config.n_predict > 1 else "eagle"
-
-
-def vocab_map_of(head: torch.nn.Module) -> torch.Tensor | None:
-    """d2t when the head drafts over a smaller vocabulary than the target's (EAGLE-3),
-    None when its logits are already over the target's."""
-    if isinstance(head, Eagle3Head) and head.config.draft_vocab_size != head.config.vocab_size:
-        return head.d2t
-    return None
+    """The proposer loop a head drafts with (the head's `draft_loop`): "multi_layer"
+    for MTP heads with several layers (MultiLayerEagleProposer), "eagle" otherwise."""
+    return head.draft_loop
 
 
 class DraftEvaluator:
@@ -79,7 +70,7 @@ class DraftEvaluator:
             self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
         )
         return draft_metrics(
-            out.logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=vocab_map_of(self.head),
+            out.logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=self.head.vocab_map,
             cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
         )  # fmt: skip
 

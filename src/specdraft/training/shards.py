@@ -64,7 +64,7 @@ def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return rows - starts[seq.clamp(min=0)]
 
 
-def check_batch(batch: TargetBatch, where: str = "batch") -> None:
+def check_target_batch(batch: TargetBatch, where: str = "batch") -> None:
     """Shapes, dtypes and the cumulative-count convention (cu_seqlens from 0 to T,
     non-decreasing); ValueError naming `where` and the tensor."""
     num_tokens = batch.token_ids.shape[0] if batch.token_ids.dim() == 1 else -1
@@ -90,7 +90,7 @@ def check_batch(batch: TargetBatch, where: str = "batch") -> None:
 def save_batch(path: str | Path, batch: TargetBatch, *, aux_layers=(), target: str = "") -> None:
     """Write one shard (module docstring). aux_layers and target are recorded in the
     file's metadata, for the reader to check against the head it evaluates."""
-    check_batch(batch, str(path))
+    check_target_batch(batch, str(path))
     tensors = {
         "input_ids": batch.token_ids,
         "hidden_states": batch.hidden_states,
@@ -148,7 +148,7 @@ def load_batch(path: str | Path, device: torch.device | str = "cpu") -> TargetBa
     batch = TargetBatch(
         token_ids, tensors["hidden_states"], tensors["target_logits"], positions, cu_seqlens, tensors.get("loss_mask")
     )
-    check_batch(batch, str(path))
+    check_target_batch(batch, str(path))
     return batch.to(device)
 
 

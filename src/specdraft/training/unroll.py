@@ -47,19 +47,9 @@ from typing import NamedTuple
 import torch
 
 from specdraft.checks import INDEX_DTYPES, check_choice, check_int_range, check_tensor_arg
-from specdraft.layout import window_of
-from specdraft.proposers.checks import hidden_width
+from specdraft.layout import position_rows, window_of
+from specdraft.models.heads import DraftHead
 from specdraft.training.attention import BACKENDS, chain_attention
-from specdraft.training.head_steps import (
-    check_head,
-    draft_logits,
-    finish,
-    layer_input,
-    layer_of,
-    outputs,
-    project,
-    target_token_ids,
-)
 
 TOKEN_MODES = ("data", "draft")
 LOOPS = ("eagle", "multi_layer")
@@ -140,9 +130,7 @@ def unroll(
     check_tensor_arg("token_ids", token_ids, INDEX_DTYPES, rank=1)
     num_tokens = token_ids.shape[0]
     # The width the head reads (EAGLE-3: its three aux layers), else a matmul error deep inside.
-    check_tensor_arg(
-        "hidden_states", hidden_states, rank=2, shape=(num_tokens, hidden_width(head)), device_of=token_ids
-    )
+    check_tensor_arg("hidden_states", hidden_states, rank=2, shape=(num_tokens, head.hidden_width), device_of=token_ids)
     check_tensor_arg("positions", positions, INDEX_DTYPES, shape=[(num_tokens,), (3, num_tokens)], device_of=token_ids)
     check_tensor_arg("cu_seqlens", cu_seqlens, INDEX_DTYPES, rank=1, device_of=token_ids)
     if cu_seqlens.shape[0] < 2:
@@ -180,32 +168,46 @@ def unroll_for_eval(head, token_ids, hidden_states, positions, cu_seqlens, *, nu
 # ---------------------------------------------------------------------------- the loops
 
 
-class Step(NamedTuple):
+def check_head(head: object, loop: str) -> None:
+    """A head the unroll can run in `loop`; a ValueError naming `head` otherwise."""
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"head must be an EagleHead, Eagle3Head or MTPHead, got {type(head).__name__}")
+    if head.missing_weights:
+        raise ValueError(
+            f"head has no {', '.join(sorted(head.missing_weights))}: the checkpoint did not include them; "
+            "call head.share_from(target) first"
+        )
+    head.check_loop(loop)
+
+
+class DraftStep(NamedTuple):
     hidden: torch.Tensor  # [T, H] for sampling
     logits: torch.Tensor  # [T, V_draft]
     draft_tokens: torch.Tensor  # [T] int64, target vocabulary
 
 
-def sampled(head, hidden, step: int) -> Step:
-    logits = draft_logits(head, hidden, step)
-    return Step(hidden, logits, target_token_ids(head, logits.detach().argmax(dim=-1)))
+def sample_step(head, hidden, step: int) -> DraftStep:
+    """Step `step`'s logits and greedy drafts from its hidden state."""
+    logits = head.draft_logits(hidden, step)
+    return DraftStep(hidden, logits, head.draft_to_target(logits.detach().argmax(dim=-1)))
 
 
-def at_rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """positions[..., index] for 1-D or M-RoPE positions; index of any shape."""
-    flat = positions.index_select(positions.dim() - 1, index.reshape(-1))
-    return flat.view(*positions.shape[:-1], *index.shape)
+def project_step(head, layer, input_ids, hidden, positions):
+    """(q, k, v, residual) of one step's rows: the head's own step input, then the
+    layer's projections with RoPE."""
+    emb = head.embed_input_ids(input_ids)
+    attn_input, residual = head.step_input(layer, emb, hidden.to(emb.dtype), positions)
+    return (*layer.self_attn.project(positions, attn_input), residual)
 
 
 def whole_pass(head, step, input_ids, hidden, positions, layout, attention):
     """One pass of layer `step` over every row, causal within each sequence. Returns
     (hidden for sampling, hidden for the next step, keys, values)."""
-    layer = layer_of(head, step)
-    attn_input, residual = layer_input(head, layer, input_ids, hidden, positions)
-    q, k, v = project(layer, attn_input, positions)
+    layer = head.step_layer(step)
+    q, k, v, residual = project_step(head, layer, input_ids, hidden, positions)
     out = chain_attention(q[None], k, v, None, None, seq_id=layout.seq_id, ctx_offset=0, diag_visible=None,
                           backend=attention)  # fmt: skip
-    h_sample, h_next = outputs(head, layer, finish(layer, out[0], residual))
+    h_sample, h_next = head.step_outputs(layer, layer.finish(out[0], residual))
     return h_sample, h_next, k, v
 
 
@@ -214,7 +216,7 @@ def eagle_chains(head, token_ids, hidden, positions, layout: PackedLayout, *, nu
     h_sample, h_next, ctx_k, ctx_v = whole_pass(
         head, 0, token_ids.index_select(0, layout.shifted(1)), hidden, positions, layout, attention
     )
-    steps = [sampled(head, h_sample, 0)]
+    steps = [sample_step(head, h_sample, 0)]
     chain_k: list[torch.Tensor] = []
     chain_v: list[torch.Tensor] = []
     for step in range(1, num_steps):
@@ -223,17 +225,16 @@ def eagle_chains(head, token_ids, hidden, positions, layout: PackedLayout, *, nu
         else:
             input_ids = token_ids.index_select(0, layout.shifted(step + 1))
         step_positions = positions + step
-        layer = layer_of(head, step)
-        attn_input, residual = layer_input(head, layer, input_ids, h_next, step_positions)
-        q, k, v = project(layer, attn_input, step_positions)
+        layer = head.step_layer(step)
+        q, k, v, residual = project_step(head, layer, input_ids, h_next, step_positions)
         chain_k.append(k)
         chain_v.append(v)
         out = chain_attention(
             q[None], ctx_k, ctx_v, torch.stack(chain_k), torch.stack(chain_v), seq_id=layout.seq_id, ctx_offset=0,
             diag_visible=None, backend=attention,
         )  # fmt: skip
-        h_sample, h_next = outputs(head, layer, finish(layer, out[0], residual))
-        steps.append(sampled(head, h_sample, step))
+        h_sample, h_next = head.step_outputs(layer, layer.finish(out[0], residual))
+        steps.append(sample_step(head, h_sample, step))
     return steps
 
 
@@ -251,18 +252,17 @@ def multi_layer_chains(head, token_ids, hidden, positions, layout: PackedLayout,
     shared_sample, shared_next, _, _ = whole_pass(
         head, 0, token_ids.index_select(0, layout.shifted(1)), hidden, positions, layout, attention
     )
-    steps = [sampled(head, shared_sample, 0)]
+    steps = [sample_step(head, shared_sample, 0)]
     own_next = None  # [k - 1, T, H]: the chain's own rows at the previous pass
     for step in range(1, num_steps):
         shared_ids = token_ids.index_select(0, layout.shifted(step + 1))
-        layer = layer_of(head, step)
-        attn_input, residual = layer_input(head, layer, shared_ids, shared_next, positions)
-        q, ctx_k, ctx_v = project(layer, attn_input, positions)
+        layer = head.step_layer(step)
+        q, ctx_k, ctx_v, residual = project_step(head, layer, shared_ids, shared_next, positions)
         out = chain_attention(q[None], ctx_k, ctx_v, None, None, seq_id=layout.seq_id, ctx_offset=0,
                               diag_visible=None, backend=attention)  # fmt: skip
-        shared_sample, next_shared = outputs(head, layer, finish(layer, out[0], residual))
+        shared_sample, next_shared = head.step_outputs(layer, layer.finish(out[0], residual))
         if tokens == "data":
-            steps.append(sampled(head, shared_sample, step))
+            steps.append(sample_step(head, shared_sample, step))
             shared_next = next_shared
             continue
         offset = torch.arange(step, device=rows.device)[:, None]  # j
@@ -272,11 +272,10 @@ def multi_layer_chains(head, token_ids, hidden, positions, layout: PackedLayout,
         own_ids = torch.stack([steps[step - 1 - j].draft_tokens for j in range(step)])
         entering = shared_next.index_select(0, own_row[step - 1])[None]  # the shared row t - k + 1
         own_hidden = entering if own_next is None else torch.cat([own_next, entering])
-        own_positions = at_rows(positions, own_row).reshape(*positions.shape[:-1], -1)
-        attn_input, residual = layer_input(
+        own_positions = position_rows(positions, own_row).reshape(*positions.shape[:-1], -1)
+        q, k, v, residual = project_step(
             head, layer, own_ids.reshape(-1), own_hidden.reshape(step * num_tokens, -1), own_positions
         )
-        q, k, v = project(layer, attn_input, own_positions)
         # Block j sees block j (itself, so no row sees nothing) and blocks j' > j in the sequence.
         later = offset[None, :, :] > offset[:, None, :]  # [k, k, 1]: j' > j
         same = offset[None, :, :] == offset[:, None, :]
@@ -286,10 +285,10 @@ def multi_layer_chains(head, token_ids, hidden, positions, layout: PackedLayout,
             v.view(step, num_tokens, *v.shape[1:]), seq_id=layout.seq_id, ctx_offset=step,
             diag_visible=diag_visible, backend=attention,
         )  # fmt: skip
-        own_sample, own_out = outputs(
-            head, layer, finish(layer, out.reshape(step * num_tokens, *out.shape[2:]), residual)
+        own_sample, own_out = head.step_outputs(
+            layer, layer.finish(out.reshape(step * num_tokens, *out.shape[2:]), residual)
         )
-        steps.append(sampled(head, own_sample.view(step, num_tokens, -1)[0], step))
+        steps.append(sample_step(head, own_sample.view(step, num_tokens, -1)[0], step))
         own_next = own_out.view(step, num_tokens, -1)
         shared_next = next_shared
     return steps

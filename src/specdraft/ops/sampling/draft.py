@@ -13,8 +13,8 @@ identical in Triton and torch).
 
 Unlike vLLM's `compute_probs_and_sample_next_token`, which ignores seeds, draws
 exponentials from the global RNG and materialises probs / q for the argmax, the
-kernels here stream the vocabulary (scan.py): online argmax, online softmax, no
-[B, V] temporaries. Each row is split across programs (CHUNK_V tokens each); a
+kernels here stream the vocabulary (ops/common/scan.py): online argmax, online
+softmax, no [B, V] temporaries. Each row is split across programs (CHUNK_V tokens each); a
 second tiny pass combines the per-program partials and, if asked, writes the
 probabilities. At V = 152k the hash, the two logs and the bf16 loads are then all
 that is left per token.
@@ -36,6 +36,16 @@ from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
 # calls, and a module attribute (noise.x) is not carried along.
+from ..common.fastmath import FAST_LOG2
+from ..common.scan import (
+    combine_argmax,
+    combine_softmax,
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    scan_vocab,
+    softmax_update,
+)
 from .noise import (
     STREAM_DRAFT,
     check_salt,
@@ -48,23 +58,7 @@ from .noise import (
     row_key_torch,
     salt_key,
 )
-from .scan import (
-    BLOCK_V,
-    CHUNK_V,
-    DRAFT_BLOCK_V,
-    DRAFT_NUM_WARPS,
-    FAST_LOG2,
-    NUM_WARPS,
-    SPLIT_BLOCK,
-    check_request_params,
-    combine_argmax,
-    combine_softmax,
-    lane_argmax_finish,
-    lane_argmax_init,
-    lane_argmax_update,
-    scan_vocab,
-    softmax_update,
-)
+from .scan import BLOCK_V, CHUNK_V, DRAFT_BLOCK_V, DRAFT_NUM_WARPS, NUM_WARPS, SPLIT_BLOCK, check_request_params
 
 # --------------------------------------------------------------------------- kernels
 

@@ -52,7 +52,7 @@ of rejection sampling, so they stay independent at the same position.
 The samplers use E in base 2 (E2 = E * log2(e), -log2 u on ordinary lanes):
 Gumbel-max keys x * log2(e) / T - log2(E2) (the argmax of x / T + Gumbel noise)
 and exponential races over r / E2, with the SFU's log2 / exp2 / rcp on CUDA (FAST)
-and exact functions elsewhere. The bits, u and v are bit-identical everywhere; E
+and exact functions elsewhere (ops/common/fastmath.py). The bits, u and v are bit-identical everywhere; E
 and the keys are not (the logs differ by an ulp or so), hence "the same token up to
 float near-ties".
 Triton functions carry the plain names, their torch twins the suffix `_torch`.
@@ -64,6 +64,12 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
 
 from ..backend import NAMESPACE, TRITON_INTERPRET, cdiv, tl, triton, use_triton
+
+# The SFU functions live in ops/common (vocab_metrics uses them too); exp2 and rcp stay
+# importable from here. Imported by name: Inductor re-emits the jit functions a kernel calls.
+from ..common.fastmath import exp2 as exp2
+from ..common.fastmath import log2
+from ..common.fastmath import rcp as rcp
 
 STREAM_DRAFT = 0
 STREAM_ACCEPT = 1
@@ -201,40 +207,6 @@ def uniform(bits):
 
 def uniform_torch(bits: torch.Tensor) -> torch.Tensor:
     return ((bits >> 9).to(torch.float32) + 0.5) * 1.1920928955078125e-07
-
-
-@triton.jit
-def log2(x, FAST: tl.constexpr):
-    """log2 of a positive normal fp32; FAST: the SFU instruction (lg2.approx,
-    about 2**-22 relative error), one issue slot instead of libdevice's polynomial."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
-def exp2(x, FAST: tl.constexpr):
-    """2**x; FAST: the SFU instruction (ex2.approx.ftz, 2 ulp)."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
-def rcp(x, FAST: tl.constexpr):
-    """1 / x; FAST: the SFU instruction (rcp.approx.ftz, 1 ulp) instead of a division."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return 1.0 / x
 
 
 TAIL_BITS = 0xFF800000  # bits >= this: a tail lane (the top 9 bits set)

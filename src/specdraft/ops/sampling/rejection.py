@@ -27,7 +27,8 @@ rows 0..n, the online-softmax max and sum for random rows 0..n-1; rows past thos
 are never read. (2) per (request, vocab chunk): the acceptance chain from those
 statistics (cheap, recomputed by every chunk program; chunk 0 writes the tokens
 and counts), then for random requests the partial race over its chunk of the one
-row c that emits. (3) per request: combine the races into the emitted token.
+row c that emits. (3) per request: combine the races into the emitted token. The
+steps they scan a row with and the acceptance test are rejection_steps.py's.
 """
 
 import torch
@@ -42,68 +43,34 @@ from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
 # calls, and a module attribute (noise.x) is not carried along.
+from ..common.fastmath import FAST_LOG2
+from ..common.scan import (
+    combine_argmax,
+    combine_softmax,
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_softmax_finish,
+    lane_softmax_init,
+    scan_vocab,
+)
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
     check_salt,
-    exp2,
-    exponential2,
     exponential2_torch,
     gumbel2_torch,
     gumbel_gain,
     gumbel_gain_torch,
-    noise_bits,
     noise_bits_torch,
-    rcp,
     row_key,
     row_key_torch,
     salt_key,
-    uniform,
     uniform_torch,
 )
-from .scan import (
-    FAST_LOG2,
-    RS_LARGE_FROM,
-    RS_TILES_LARGE,
-    RS_TILES_SMALL,
-    SPLIT_BLOCK,
-    argmax_step,
-    check_request_params,
-    combine_argmax,
-    combine_softmax,
-    gumbel_step,
-    lane_argmax_finish,
-    lane_argmax_init,
-    lane_argmax_update,
-    lane_softmax_finish,
-    lane_softmax_step,
-    scan_vocab,
-)
+from .rejection_steps import accept_draft, argmax_step, gumbel_step, lane_softmax_step, residual_race_step
+from .scan import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK, check_request_params
 
 # --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
-    """A rejected row: the exponential races r / E over the residual r = max(p - q, 0)
-    and, as the fallback, over p. p = softmax in base 2: 2**(x * log2(e) / T -
-    max * log2(e)) / sum, the division and the division by T hoisted out of the loop
-    (args). Without draft probs q is the one-hot of the rejected token."""
-    HAS_DRAFT_PROBS: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
-    FAST: tl.constexpr = FLAGS[1]
-    race, race_idx, fall, fall_idx = acc
-    gain, max2, inv_sum, key, end, rejected = args
-    mask = idx < end
-    p = exp2(x * gain - max2, FAST) * inv_sum
-    if not HAS_DRAFT_PROBS:
-        q = (idx == rejected).to(tl.float32)
-    # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
-    inv_e = rcp(exponential2(noise_bits(key, idx), FAST), FAST)
-    race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
-    fall_keys = tl.where(mask, p * inv_e, float("-inf"))
-    race, race_idx = lane_argmax_update(race, race_idx, race_keys, idx)
-    fall, fall_idx = lane_argmax_update(fall, fall_idx, fall_keys, idx)
-    return race, race_idx, fall, fall_idx
 
 
 @triton.jit
@@ -133,8 +100,7 @@ def _rs_stats_kernel(
                 row_ptr, row_ptr, start, end, (best, best_idx), None, argmax_step, None, False, BLOCK
             )
         else:
-            lane_max = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)  # finite: -inf - -inf is NaN
-            lane_sum = tl.zeros([BLOCK], tl.float32)
+            lane_max, lane_sum = lane_softmax_init(BLOCK)
             lane_max, lane_sum = scan_vocab(
                 row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step,
                 FAST_LOG2, False, BLOCK,
@@ -146,30 +112,6 @@ def _rs_stats_kernel(
         tl.store(part_idx_ptr + part, best_idx)
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
-
-
-@triton.jit
-def _accepts(
-    logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
-    draft, logits_row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
-    ACCEPT_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Whether one draft token is accepted (as int32)."""
-    if greedy:
-        _, target = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
-        accept = (draft == target).to(tl.int32)
-    else:
-        valid = (draft >= 0) & (draft < vocab)
-        run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
-        x = tl.load(logits_ptr + logits_row + draft, mask=valid, other=float("-inf")).to(tl.float32)
-        p = tl.exp(x / temp - run_max) / run_sum
-        if HAS_DRAFT_PROBS:
-            q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
-        else:
-            q = 1.0
-        u = uniform(noise_bits(row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
-        accept = (valid & (u * q <= p)).to(tl.int32)
-    return accept
 
 
 @triton.jit
@@ -198,7 +140,7 @@ def _rs_chain_kernel(
         accept = tl.full([], 0, tl.int32)
         if (alive != 0) & (j < num_draft):
             row = req * (num_spec + 1) + j
-            accept = _accepts(
+            accept = accept_draft(
                 logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
                 tl.load(draft_base + j).to(tl.int64), req * req_stride + j * row_stride, req * num_spec + j,
                 row * num_splits,
@@ -233,7 +175,7 @@ def _rs_chain_kernel(
             q_ptr = draft_probs_ptr + (req * num_spec + count) * vocab
             args = (gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected)
             race, race_idx, fall, fall_idx = scan_vocab(
-                row_ptr, q_ptr, start, end, (race, race_idx, fall, fall_idx), args, _residual_race_step,
+                row_ptr, q_ptr, start, end, (race, race_idx, fall, fall_idx), args, residual_race_step,
                 (HAS_DRAFT_PROBS, FAST_LOG2), HAS_DRAFT_PROBS, BLOCK,
             )  # fmt: skip
         else:  # all accepted: the bonus token

@@ -23,7 +23,7 @@ from specdraft.models import Eagle3Head, TinyTargetModel, default_aux_layers, lo
 from specdraft.models.target_loading import load_target_model
 from specdraft.proposers import EagleProposer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "src" / "specdraft" / "assets" / "demo_pair"
 
 
