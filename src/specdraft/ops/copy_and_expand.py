@@ -293,38 +293,46 @@ def copy_and_expand_inputs(
 ) -> ExpandedInputs:
     """Expand the target batch into the parallel-drafting input layout.
 
-    Inputs (T_in input tokens, possibly padded past query_start_loc[-1]; B requests):
-      target_token_ids [T_in], target_positions [T_in] (1-D): the target model's inputs;
-        the positions are what `new_slot_mapping` turns into KV slots, so they must be
-        each token's index in its sequence. With M-RoPE pass that index (seq_lens minus
-        the tokens after it in the window), not a rotary row: images compress those.
-      next_token_ids [B]: each request's bonus token (the last accepted / sampled one).
-      query_start_loc [B+1]: request windows, query_start_loc[0] == 0, every window
-        at least one token.
-      num_rejected_tokens [B] or None: rejected drafts at the end of each window
-        (0 <= n <= window - 1); None means none.
-      num_padding_slots_per_request P >= 1: new tokens per request (bonus + P - 1
-        parallel-drafting slots).
-      shift_input_ids: EAGLE's shift by one (the first token of each window drops
-        out, each request grows by P - 1); False (draft models) grows by P.
-      max_query_len: Python-int hint of the longest window; sizes the grid only
-        (default T_in). Results never depend on it.
+    T_in input tokens (possibly padded past query_start_loc[-1]), B requests, P =
+    num_padding_slots_per_request, shift = int(shift_input_ids). Tensors are 1-D,
+    contiguous, int32/int64, on one device.
 
-    Returns ExpandedInputs, T_out = T_in + B * (P - shift):
-      input_ids [T_out]: valid tokens (shifted when shift_input_ids), bonus token,
-        parallel_drafting_token_id in the P - 1 parallel slots, padding_token_id in
-        rejected slots and in the tail past the batch.
-      positions [T_out]: first position of the window + j; 0 where rejected.
-      is_rejected_token_mask [T_out]: rejected slots and the tail (their KV must not
-        be saved: `new_slot_mapping` maps them to PADDING_SLOT_ID).
-      is_masked_token_mask [T_out]: the parallel-drafting slots.
-      new_token_indices [B * P]: output slots of the bonus and parallel tokens,
-        request-major: the slots to sample drafts from.
-      hidden_state_mapping [T_in]: output slot of each input token's hidden state
-        (input token start + j -> out_start + j; padded input tokens -> the tail).
-        Injective: `out.index_copy_(0, hidden_state_mapping, hidden_states)` fills
-        T_in of the T_out rows; the P - shift slots per request it leaves out are
-        the caller's to initialise.
+    Args:
+        target_token_ids: [T_in]. The target model's input tokens.
+        target_positions: [T_in]. Each token's index in its sequence: `new_slot_mapping`
+            turns these into KV slots. With M-RoPE pass that index (seq_lens minus the
+            tokens after it in the window), not a rotary row: images compress those.
+        next_token_ids: [B]. Each request's bonus token (the last accepted / sampled one).
+        query_start_loc: [B + 1]. Request windows, query_start_loc[0] == 0, every window
+            at least one token.
+        num_rejected_tokens: [B], or None (none rejected). Rejected drafts at the end of
+            each window, 0 <= n <= window - 1.
+        num_padding_slots_per_request: Python int P in [1, 64]. New tokens per request
+            (bonus + P - 1 parallel-drafting slots).
+        parallel_drafting_token_id: Python int (int32 range). Id of the parallel slots.
+        shift_input_ids: bool. EAGLE's shift by one (the first token of each window drops
+            out, each request grows by P - 1); False (draft models) grows by P.
+        padding_token_id: Python int (int32 range), default 0. Id of the rejected slots.
+        max_query_len: Python int >= 0, or None (T_in). Hint of the longest window; sizes
+            the grid only. Results never depend on it.
+
+    Returns:
+        ExpandedInputs, T_out = T_in + B * (P - shift):
+            input_ids: [T_out], dtype of target_token_ids. Valid tokens (shifted when
+                shift_input_ids), bonus token, parallel_drafting_token_id in the P - 1
+                parallel slots, padding_token_id in rejected slots and the tail past the batch.
+            positions: [T_out], dtype of target_positions. First position of the window
+                + j; 0 where rejected.
+            is_rejected_token_mask: [T_out] bool. Rejected slots and the tail (their KV must
+                not be saved: `new_slot_mapping` maps them to PADDING_SLOT_ID).
+            is_masked_token_mask: [T_out] bool. The parallel-drafting slots.
+            new_token_indices: [B * P], dtype of query_start_loc. Output slots of the bonus
+                and parallel tokens, request-major: the slots to sample drafts from.
+            hidden_state_mapping: [T_in], dtype of query_start_loc. Output slot of each input
+                token's hidden state (input token start + j -> out_start + j; padded input
+                tokens -> the tail). Injective: `out.index_copy_(0, hidden_state_mapping,
+                hidden_states)` fills T_in of the T_out rows; the P - shift slots per
+                request it leaves out are the caller's to initialise.
 
     Out of contract (unchecked mode): windows are clipped to [0, T_in] (a decreasing
     one is empty) and nothing is read or written outside the tensors;

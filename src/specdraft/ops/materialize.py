@@ -29,8 +29,15 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 def materialize(x: torch.Tensor) -> torch.Tensor:
     """A copy of x that Inductor stores as a buffer of its own (module docstring).
-    Integer and bool tensors only: it has no autograd formula, and the tensors it is
-    for (mask captures) carry no gradient."""
+
+    Args:
+        x: an integer or bool tensor, any shape. Floating and complex tensors are refused:
+            the op has no autograd formula, and the tensors it is for (mask captures) carry
+            no gradient.
+
+    Returns:
+        A copy of x (x.clone()): same shape, dtype and device.
+    """
     if x.is_floating_point() or x.is_complex():
         raise ValueError(f"x must be an integer or bool tensor, got {x.dtype}")
     return _materialize_op(x)

@@ -207,20 +207,29 @@ def new_slot_mapping(
     max_model_len: int,
     max_query_len: int | None = None,
 ) -> torch.Tensor:
-    """Slot mapping [T] (int64) of the expanded parallel-drafting layout.
-
-    positions [T] (1-D) and is_rejected_token_mask [T] (bool, or None: nothing
-    rejected), as returned by `copy_and_expand_inputs`; positions are sequence
-    indices (for M-RoPE not the temporal row, which images compress: a slot there
-    would belong to an earlier token); query_start_loc [B+1]: the
-    *expanded* windows (`extend_queries_by_n(...).query_start_loc`), starting at 0;
-    block_table [B, W] (int32/int64, any strides), one row per request.
+    """Slot mapping of the expanded parallel-drafting layout.
 
     slot = block_table[r, min(p // block_size, W - 1)] * block_size + p % block_size
     with p = min(position, max_model_len - 1); PADDING_SLOT_ID (-1) where position
     >= max_model_len, where the slot is rejected, and for slots past
-    query_start_loc[-1]. max_query_len: Python-int hint of the longest expanded
-    window, sizes the grid only (default T); results never depend on it.
+    query_start_loc[-1].
+
+    Args:
+        positions: [T] int32/int64, contiguous, as returned by `copy_and_expand_inputs`.
+            Sequence indices (for M-RoPE not the temporal row, which images compress: a
+            slot there would belong to an earlier token).
+        is_rejected_token_mask: [T] bool, or None (nothing rejected), as returned by
+            `copy_and_expand_inputs`.
+        query_start_loc: [B + 1] int32/int64. The *expanded* windows
+            (`extend_queries_by_n(...).query_start_loc`), starting at 0.
+        block_table: [B, W] int32/int64, W >= 1, any strides; one row per request.
+        block_size: Python int >= 1.
+        max_model_len: Python int >= 1.
+        max_query_len: Python int >= 0, or None (T). Hint of the longest expanded window;
+            sizes the grid only, results never depend on it.
+
+    Returns:
+        slot_mapping: [T] int64.
 
     Out of contract (unchecked mode): the block table is read only inside its
     shape (the block number is capped at W - 1, the row at B - 1); a block id
@@ -260,10 +269,22 @@ def extend_queries_by_n(
 ) -> ExtendedQueries:
     """Grow every request's query by n tokens (parallel drafting: n = P - shift).
 
-    query_start_loc [B+1] -> query_start_loc + n * arange(B + 1); seq_lens [B] ->
-    seq_lens + n (both keep their dtypes, inputs untouched); the host-side bounds
-    max_query_len / max_seq_len (Python ints, or None) -> + n. The token count of
-    the extended batch is T + B * n, known from shapes.
+    Inputs are left untouched. The token count of the extended batch is T + B * n,
+    known from shapes.
+
+    Args:
+        query_start_loc: [B + 1] int32/int64, contiguous.
+        seq_lens: [B] int32/int64, contiguous.
+        n: Python int >= 0, the tokens added to each request.
+        max_query_len: Python int >= 0, or None. Host-side bound of the query lengths.
+        max_seq_len: Python int >= 0, or None. Host-side bound of seq_lens.
+
+    Returns:
+        ExtendedQueries:
+            query_start_loc: [B + 1], dtype of query_start_loc. query_start_loc + n * arange(B + 1).
+            seq_lens: [B], dtype of seq_lens. seq_lens + n.
+            max_query_len: Python int max_query_len + n, or None.
+            max_seq_len: Python int max_seq_len + n, or None.
     """
     check_tensor_arg("query_start_loc", query_start_loc, INDEX_DTYPES, shape=(at_least(1, "B + 1"),), contiguous=True)
     num_reqs = query_start_loc.shape[0] - 1

@@ -130,19 +130,24 @@ def prepare_eagle_input(
 ) -> EagleInputs:
     """Unpadded path: drop each request's rejected tail and pack the kept token indices.
 
-    cu_target_query_lens: [B+1] int32/int64, cumulative target query lengths from 0.
-    num_rejected_tokens: [B], 0 <= rejected <= query length (out-of-range counts are
-    clamped into [0, query length]).
-    num_tokens: a Python int, the length of the index output: the kept total
-    (= total tokens - total rejected) or an upper bound of it. This path needs this one
-    host-side number (the caller knows it on the host, or passes the total token count
-    as a bound); the padded path (`prepare_inputs_padded`) needs none.
+    This path needs one host-side number, num_tokens (the caller knows it on the host,
+    or passes the total token count as a bound); the padded path
+    (`prepare_inputs_padded`) needs none.
 
-    Returns `EagleInputs(cu_num_tokens [B+1], token_indices [num_tokens])`, both in the
-    dtype of cu_target_query_lens: cu_num_tokens[0] = 0, cu_num_tokens[b+1] -
-    cu_num_tokens[b] = kept length of request b; token_indices holds, request after
-    request, the first kept-length indices of each window. Rows at or past the kept
-    total are 0 (a valid row to gather from whenever the batch has a token).
+    Args:
+        cu_target_query_lens: [B + 1] int32/int64, cumulative target query lengths from 0.
+        num_rejected_tokens: [B] int32/int64, 0 <= rejected <= query length (out-of-range
+            counts are clamped into [0, query length]).
+        num_tokens: Python int >= 0, the length of the index output: the kept total
+            (= total tokens - total rejected) or an upper bound of it.
+
+    Returns:
+        EagleInputs, both in the dtype of cu_target_query_lens:
+            cu_num_tokens: [B + 1]. cu_num_tokens[0] = 0, cu_num_tokens[b + 1] -
+                cu_num_tokens[b] = kept length of request b.
+            token_indices: [num_tokens]. Request after request, the first kept-length indices
+                of each window. Rows at or past the kept total are 0 (a valid row to gather
+                from whenever the batch has a token).
 
     Out of contract (unchecked mode): decreasing windows count as empty; the indices
     stay inside the windows given, which need not be inside the batch: a caller

@@ -206,15 +206,22 @@ def prepare_inputs_padded(
     """Padded path: per request the token to sample and the number of rejected tokens,
     which stay in the batch as padding. No host-side number needed.
 
-    cu_num_draft_tokens: [B], the *inclusive* cumulative sum of draft counts (entry b
-    counts requests 0..b). valid_sampled_tokens_count: [B], 1 + accepted drafts (as
-    returned by `prepare_next_token_padded`). query_start_loc: [B+1].
-
     rejected = drafts + 1 - valid (0 for a request without drafts), clamped to
     [0, drafts] (valid = 0, a discarded request, rejects every draft);
-    token_indices_to_sample = query_start_loc[b+1] - 1 - rejected.
-    Returns `PaddedInputs(token_indices_to_sample, num_rejected_tokens)`, [B] each, in
-    the dtype of query_start_loc.
+    token_indices_to_sample = query_start_loc[b + 1] - 1 - rejected.
+
+    Args:
+        cu_num_draft_tokens: [B] int32/int64, the *inclusive* cumulative sum of draft
+            counts (entry b counts requests 0..b).
+        valid_sampled_tokens_count: [B] int32/int64, 1 + accepted drafts (as returned by
+            `prepare_next_token_padded`).
+        query_start_loc: [B + 1] int32/int64. Request b's tokens are rows
+            query_start_loc[b] .. query_start_loc[b + 1] - 1.
+
+    Returns:
+        PaddedInputs, both in the dtype of query_start_loc:
+            token_indices_to_sample: [B]. The row to sample in each window.
+            num_rejected_tokens: [B]. The rejected tokens at the end of each window.
 
     Out of contract (unchecked mode): rejected is also clamped to window - 1, so the
     sample index stays inside a non-empty window whatever the counts (e.g. an
@@ -242,14 +249,21 @@ def prepare_next_token_padded(
 ) -> NextTokens:
     """Per request the count of valid sampled tokens and the last valid one.
 
-    sampled_token_ids: [B, K+1] int32/int64; an entry is valid iff 0 <= id < vocab_size
-    (-1 marks a rejected slot; vLLM's kernel counted other negative ids as valid).
-    discard_request_mask: [B] bool. backup_next_token_ids: [B] int32/int64.
+    Args:
+        sampled_token_ids: [B, K + 1] int32/int64, K + 1 >= 1. An entry is valid iff
+            0 <= id < vocab_size (-1 marks a rejected slot; vLLM's kernel counted other
+            negative ids as valid).
+        discard_request_mask: [B] bool. A discarded request gets count 0 and its backup token.
+        backup_next_token_ids: [B] int32/int64. The next token of a request without a valid
+            sampled one.
+        vocab_size: Python int >= 1.
 
-    next_token_ids[b] = the last valid entry of row b, or backup_next_token_ids[b] when
-    the row has none or the request is discarded (count 0).
-    Returns `NextTokens(next_token_ids [B] in backup's dtype, valid_sampled_tokens_count
-    [B] int32)`.
+    Returns:
+        NextTokens:
+            next_token_ids: [B], dtype of backup_next_token_ids. The last valid entry of
+                row b, or backup_next_token_ids[b] when the row has none or the request is
+                discarded.
+            valid_sampled_tokens_count: [B] int32. Valid entries of row b (0 if discarded).
     """
     check_tensor_arg("sampled_token_ids", sampled_token_ids, INDEX_DTYPES, shape=(None, at_least(1, "K + 1")))
     num_reqs = sampled_token_ids.shape[0]

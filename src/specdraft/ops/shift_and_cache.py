@@ -171,8 +171,23 @@ def shift_and_cache_hidden(
     cached_lens: torch.Tensor,
     max_query_len: int | None = None,
 ) -> None:
-    """Shift hidden states [T, H] (fp32 / bf16 / fp16); cache [B, MAX_SHIFT, H].
-    Same contract as `shift_and_cache_1d`."""
+    """Shift hidden states; refresh their cache. In place, same contract as `shift_and_cache_1d`.
+
+    Args:
+        src: [T, H] fp32 / bf16 / fp16, contiguous.
+        dst: like src (same shape and dtype), a distinct buffer; written.
+        cache: [B, MAX_SHIFT, H], dtype of src, contiguous, 1 <= MAX_SHIFT <= 8; read and
+            rewritten.
+        query_start_loc: [B + 1] int32/int64, the request windows.
+        token_indices_to_sample: [B] int32/int64, as returned by `shift_plan` (after the shift).
+        shift: [B] int32/int64, as returned by `shift_plan`.
+        cached_lens: [B] int32/int64, as returned by `shift_plan`.
+        max_query_len: Python int >= 0, or None (T). Upper bound of the window lengths; sizes
+            the grid.
+
+    Returns:
+        None; dst and cache are written in place.
+    """
     check_tensor_arg("src", src, FLOAT_DTYPES, rank=2, contiguous=True)
     num_reqs = check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, device_of=src)
     check_tensor_arg(

@@ -141,14 +141,25 @@ def shift_and_cache_1d(
 ) -> None:
     """Shift token ids, positions or slot mappings; refresh their cache. In place.
 
-    src, dst: [T] or [R, T] (M-RoPE positions: R = 3), int32 or int64, distinct.
-    cache: [B, MAX_SHIFT] or [R, B, MAX_SHIFT], same dtype, 1 <= MAX_SHIFT <= 8.
-    token_indices_to_sample, shift, cached_lens: [B], as returned by `shift_plan`
-    (the sample index *after* the shift). Only tokens inside a request's window
-    [query_start_loc[b], query_start_loc[b+1]) are written in dst; each request's
-    cache is rewritten whole (rows past the new cached length are zeroed).
-    max_query_len: a Python-int upper bound of the window lengths; it sizes the
-    grid without a host sync (default: T, always safe, larger grid).
+    Only tokens inside a request's window [query_start_loc[b], query_start_loc[b + 1])
+    are written in dst; each request's cache is rewritten whole (rows past the new
+    cached length are zeroed).
+
+    Args:
+        src: [T] or [R, T] (M-RoPE positions: R = 3) int32/int64, contiguous.
+        dst: like src (same shape and dtype), a distinct buffer; written.
+        cache: [B, MAX_SHIFT] or [R, B, MAX_SHIFT], dtype of src, contiguous,
+            1 <= MAX_SHIFT <= 8; read and rewritten.
+        query_start_loc: [B + 1] int32/int64, the request windows.
+        token_indices_to_sample: [B] int32/int64, as returned by `shift_plan` (the sample
+            index *after* the shift).
+        shift: [B] int32/int64, as returned by `shift_plan`.
+        cached_lens: [B] int32/int64, as returned by `shift_plan`.
+        max_query_len: Python int >= 0, or None (T: always safe, larger grid). An upper
+            bound of the window lengths; it sizes the grid without a host sync.
+
+    Returns:
+        None; dst and cache are written in place.
 
     Out of contract (unchecked mode; checked mode raises instead): nothing is read
     or written outside src, dst and cache. Windows are clipped to [0, T); rows a

@@ -143,15 +143,27 @@ def shift_plan(
     """The adjust-input step: how far to shift each request's window.
 
     shift = clamp(min(window end - token_indices_to_sample, first position of the
-    window), 0), then limited by cached_lens. The returned sample indices move by
-    shift, seq_lens shrink by it, and cached_lens is the length of the cache after
-    `shift_and_cache_*` refreshes it (min(MAX_SHIFT, rows up to the sample index)).
-    Inputs are not modified. `token_indices_to_sample=None` means each window's
-    last token. positions: [T] or M-RoPE [3, T] (row 0 decides).
+    window), 0), then limited by cached_lens. Inputs are not modified.
 
     Unlike vLLM, which moves the sample index and seq_lens by the shift *before*
     limiting it by the cached length, all outputs here use the one limited shift,
     so the moved index always points at the token the data moved to.
+
+    Args:
+        query_start_loc: [B + 1] int32/int64, the request windows.
+        positions: [T] or M-RoPE [3, T] int32/int64, contiguous (row 0 decides).
+        token_indices_to_sample: [B] int32/int64, or None (each window's last token).
+        seq_lens: [B] int32/int64.
+        cached_lens: [B] int32/int64, the cached length of each request.
+        max_shift: Python int MAX_SHIFT in [1, 8], the cache width.
+
+    Returns:
+        ShiftPlan:
+            shift: [B], dtype of token_indices_to_sample. How far each window moves right.
+            token_indices_to_sample: [B], same dtype. The sample indices, moved by shift.
+            seq_lens: [B], dtype of seq_lens. Shortened by shift.
+            cached_lens: [B], dtype of cached_lens. The length of the cache after
+                `shift_and_cache_*` refreshes it (min(MAX_SHIFT, rows up to the sample index)).
 
     Out of contract (unchecked mode): a window starting outside the positions reads
     its first position as 0; every output is computed elementwise, so the outputs

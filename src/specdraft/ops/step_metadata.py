@@ -195,25 +195,31 @@ def step_metadata(
 ) -> None:
     """Advance one draft step, in place (see the module docstring for the rule).
 
-    positions: [B] or M-RoPE [3, B], int32/int64, the running positions; advanced by 1
-    (all rows together). 1-D positions are the sequence index: they decide the slot
-    and the clamp. Rows may be strided views (e.g. `mrope_positions[:, :B]`) as long
-    as each row is contiguous.
-    seq_index: [B] int32/int64, required with M-RoPE positions (and allowed with 1-D
-    ones, where it replaces them as the index): the running index in its sequence of
-    the token fed this step (seq_len - 1 before the first step); advanced by 1 in
-    place, never clamped. The new token's slot and clamp come from seq_index + 1.
-    seq_lens: [B] int32/int64, updated in place (the fed token's index + 1: a batch
-    whose seq_lens disagree with the index gets the slot of the index).
-    block_table: [>= B, W] int32/int64, W >= 1; row b holds request b's KV blocks.
-    slot_mapping: [N >= B] int32/int64, written whole: rows past B get PAD (-1).
-    clamped_positions: like positions (same shape and dtype, a different buffer):
-    written with the positions the model should read (0 where clamped).
-    block_size, max_model_len: Python ints >= 1.
-
     Written: positions, seq_lens, slot_mapping, clamped_positions, seq_index; nothing
     else. One launch, no host sync. Aliased buffers (e.g. clamped_positions the same
     tensor as positions) are refused with a ValueError.
+
+    Args:
+        positions: [B] or M-RoPE [3, B] int32/int64, the running positions; advanced by 1
+            (all rows together). 1-D positions are the sequence index: they decide the
+            slot and the clamp. Rows may be strided views (e.g. `mrope_positions[:, :B]`)
+            as long as each row is contiguous.
+        seq_lens: [B] int32/int64, updated in place (the fed token's index + 1: a batch
+            whose seq_lens disagree with the index gets the slot of the index).
+        block_table: [>= B, W] int32/int64, W >= 1; row b holds request b's KV blocks.
+        slot_mapping: [N >= B] int32/int64, written whole: rows past B get PAD (-1).
+        clamped_positions: like positions (same shape and dtype, a different buffer):
+            written with the positions the model should read (0 where clamped).
+        block_size: Python int >= 1.
+        max_model_len: Python int >= 1.
+        seq_index: [B] int32/int64, or None; required with M-RoPE positions (and allowed
+            with 1-D ones, where it replaces them as the index): the running index in its
+            sequence of the token fed this step (seq_len - 1 before the first step);
+            advanced by 1 in place, never clamped. The new token's slot and clamp come
+            from seq_index + 1.
+
+    Returns:
+        None; the buffers above are written in place.
 
     Out of contract (unchecked mode): a negative index clamps like one past
     max_model_len (position 0, PAD slot); the block number is capped at the last

@@ -339,13 +339,22 @@ def vocab_metrics(
 ) -> VocabMetrics:
     """Per-row draft/target metrics over the vocabulary in one kernel (module docstring).
 
-    draft_logits [N, Vd], target [N, V] logits (or probabilities with
-    target_is_probs): fp32 / bf16 / fp16, rows contiguous, any row stride (rows of a
-    wider buffer, or a [K, T, V] slice). temperature: a Python number (all rows), a
-    0-dim fp32 tensor (all rows) or an fp32 tensor [N] (one per row, any stride);
-    T <= 0 is greedy. d2t [Vd] int32/int64: draft id i is target id i + d2t[i];
-    None requires Vd == V. divergence: also the cross-entropy and KL per row.
     No host sync; under torch.compile the CPU path is the reference, fused by Inductor.
+
+    Args:
+        draft_logits: [N, Vd] fp32 / bf16 / fp16, rows contiguous, any row stride (rows of
+            a wider buffer, or a [K, T, V] slice).
+        target: [N, V] logits, or probabilities with target_is_probs; dtypes and strides as
+            draft_logits.
+        temperature: a Python number or a 0-dim fp32 tensor (all rows), or an fp32 tensor
+            [N] (one per row, any stride); T <= 0 is greedy.
+        d2t: [Vd] int32/int64, or None (requires Vd == V). Draft id i is target id i + d2t[i].
+        target_is_probs: bool. target holds probabilities, not logits.
+        divergence: bool. Also the cross-entropy and KL per row.
+
+    Returns:
+        VocabMetrics: draft_token, target_token [N] int32 (target ids); draft_lse,
+        target_lse, accept [N] fp32; cross_entropy, kl [N] fp32 ([0] without divergence).
     """
     check_tensor_arg("draft_logits", draft_logits, FLOAT_DTYPES, shape=(None, at_least(1, "Vd")), contiguous="rows")
     rows, draft_vocab = draft_logits.shape

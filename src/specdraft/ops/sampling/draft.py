@@ -277,19 +277,30 @@ def draft_sample(
     step: torch.Tensor | None = None,
     write: str = "probs",
 ) -> torch.Tensor:
-    """Sample one draft token per request; returns token ids [B] int32.
+    """Sample one draft token per request.
 
-    logits [B, V] (fp32 / bf16 / fp16; rows contiguous, any row stride: e.g. rows
-    of a wider buffer, as vLLM's sampler takes them); temperature [B] fp32: 0 means
-    greedy (argmax, first index on ties), T > 0 samples softmax(logits / T) by
-    Gumbel-max with noise from the counter-based hash of (seeds[b], positions[b],
-    token, salt) — the same token on CPU and CUDA (up to float near-ties).
-    Negative temperatures are a contract violation (checked mode refuses them);
-    the op treats them as greedy. A NaN temperature gives some id in [0, V).
+    temperature 0 means greedy (argmax, first index on ties); T > 0 samples
+    softmax(logits / T) by Gumbel-max with noise from the counter-based hash of
+    (seeds[b], positions[b], token, salt), the same token on CPU and CUDA (up to float
+    near-ties). Negative temperatures are a contract violation (checked mode refuses
+    them); the op treats them as greedy. A NaN temperature gives some id in [0, V).
 
-    probs_out [B, K, V] fp32 with step (0-dim int tensor on the device): also
-    store this step's softmax(logits / T) (write="probs") or logits / T
-    (write="logits") into probs_out[:, step, :]; greedy rows store with T = 1.
+    Args:
+        logits: [B, V] fp32 / bf16 / fp16; rows contiguous, any row stride (e.g. rows of a
+            wider buffer, as vLLM's sampler takes them).
+        temperature: [B] fp32, contiguous.
+        seeds: [B] int32/int64, contiguous.
+        positions: [B] int32/int64, contiguous.
+        salt: Python int in [0, 2**31 - 1], default 0; part of the noise's hash.
+        probs_out: [B, K, V] fp32, contiguous, or None. With step: also store this step's
+            softmax(logits / T) or logits / T (see write) into probs_out[:, step, :]; greedy
+            rows store with T = 1.
+        step: 0-dim int32/int64 tensor on the device, required with probs_out (and only
+            with it); a step outside [0, K) stores nothing.
+        write: "probs" (softmax(logits / T)) or "logits" (logits / T): what probs_out gets.
+
+    Returns:
+        tokens: [B] int32, the sampled token ids.
     """
     check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous="rows")
     num_reqs, vocab = logits.shape

@@ -316,9 +316,21 @@ def _noise_bits_op(seeds: torch.Tensor, positions: torch.Tensor, vocab: int, sal
 def noise_uniform(
     seeds: torch.Tensor, positions: torch.Tensor, vocab: int, *, salt: int = 0, stream: int = STREAM_DRAFT
 ) -> torch.Tensor:
-    """The uniforms u [B, vocab] (fp32, in (0, 1)) that the samplers draw for
-    (seeds[b], positions[b], token, salt, stream): for tests and for users who
-    want to reproduce a draw. The hash runs in Triton on CUDA, in torch on CPU."""
+    """The uniforms u that the samplers draw for (seeds[b], positions[b], token, salt, stream).
+
+    For tests and for users who want to reproduce a draw. The hash runs in Triton on
+    CUDA, in torch on CPU.
+
+    Args:
+        seeds: [B] int32/int64.
+        positions: [B] int32/int64.
+        vocab: Python int >= 0, the tokens per row.
+        salt: Python int in [0, 2**31 - 1], default 0.
+        stream: STREAM_DRAFT (0, default), STREAM_ACCEPT (1) or STREAM_SAMPLE (2).
+
+    Returns:
+        u: [B, vocab] fp32, in (0, 1).
+    """
     check_tensor_arg("seeds", seeds, INDEX_DTYPES, rank=1)
     check_tensor_arg("positions", positions, INDEX_DTYPES, shape=tuple(seeds.shape), device_of=seeds)
     check_int_range("vocab", vocab, 0)

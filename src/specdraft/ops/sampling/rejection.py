@@ -344,21 +344,31 @@ def rejection_sample(
     *,
     salt: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify K draft tokens per request against the target; returns
-    (tokens [B, K + 1] int32, accepted counts [B] int32).
+    """Verify K draft tokens per request against the target.
 
-    draft_tokens [B, K] int32/int64 (K >= 1; a request with n < K drafts pads
-    with -1); num_draft_tokens [B] int (n, clamped to [0, K]); draft_probs
-    [B, K, V] float or None (one-hot of the draft tokens, e.g. greedy drafts);
-    target_logits [B, K + 1, V] float (row n gives the bonus token; rows
-    contiguous, any strides between them: e.g. a view of the target's
-    [num_tokens, V] logits, as vLLM takes them); temperature
-    [B] fp32 (0 = greedy); seeds [B], positions [B] int (position of the first
-    draft token, draft j at positions + j). tokens: accepted drafts, the emitted
-    recovered / bonus token, then -1; counts: accepted drafts, not counting the
-    emitted token. Value-level contracts (temperature >= 0, n <= K, valid draft
-    ids) are checked in checked mode (specdraft.checked_mode); outside it, n is
-    clamped to [0, K] and a draft id outside [0, V) is never read (rejected).
+    Value-level contracts (temperature >= 0, n <= K, valid draft ids) are checked in
+    checked mode (specdraft.checked_mode); outside it, n is clamped to [0, K] and a
+    draft id outside [0, V) is never read (rejected).
+
+    Args:
+        draft_tokens: [B, K] int32/int64, contiguous, K >= 1; a request with n < K drafts
+            pads with -1.
+        num_draft_tokens: [B] int32/int64, contiguous: n, clamped to [0, K].
+        draft_probs: [B, K, V] fp32 / bf16 / fp16, contiguous, or None (one-hot of the
+            draft tokens, e.g. greedy drafts).
+        target_logits: [B, K + 1, V] fp32 / bf16 / fp16 (row n gives the bonus token; rows
+            contiguous, any strides between them: e.g. a view of the target's
+            [num_tokens, V] logits, as vLLM takes them).
+        temperature: [B] fp32, contiguous (0 = greedy).
+        seeds: [B] int32/int64, contiguous.
+        positions: [B] int32/int64, contiguous: position of the first draft token, draft
+            j at positions + j.
+        salt: Python int in [0, 2**31 - 1], default 0; part of the noise's hash.
+
+    Returns:
+        (tokens, counts): tokens [B, K + 1] int32, the accepted drafts, the emitted
+        recovered / bonus token, then -1; counts [B] int32, accepted drafts, not counting
+        the emitted token.
     """
     check_tensor_arg("draft_tokens", draft_tokens, INDEX_DTYPES, shape=(None, at_least(1, "K")), contiguous=True)
     num_reqs, num_spec = draft_tokens.shape

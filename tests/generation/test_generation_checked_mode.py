@@ -1,5 +1,5 @@
 """generate in checked mode: its host-side inputs are checked in both modes
-(test_bad_input.py); checked mode adds the value checks of every proposer and op call
+(test_generation_bad_input.py); checked mode adds the value checks of every proposer and op call
 inside the (eager) iterations. They must never refuse what generate builds itself:
 the output is the same in both modes, with requests that finish early (discarded
 from drafting) and one that reaches max_model_len."""
