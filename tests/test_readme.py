@@ -1,12 +1,13 @@
-"""The README's examples run as written, on CPU.
+"""The README's and docs/usage.md's examples run as written, on CPU.
 
 Every ```python block is run on its own, in a fresh namespace (each block is meant
 to be copied alone, so none may lean on an earlier one's names), in README order.
 When a ```text block follows a python block directly, it is that block's output:
 what the block prints must equal it. Blocks not meant to run are ```bash or ```text.
 
-Also checked: every fenced block says its language, and every repository path the
-README names in backticks exists (a moved test file leaves no stale pointer).
+Also checked: every fenced block says its language, every repository path either
+names in backticks exists (a moved test file leaves no stale pointer), and every
+relative link resolves from its file's folder.
 """
 
 import contextlib
@@ -21,6 +22,7 @@ import torch._inductor.config
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = [README, ROOT / "docs" / "usage.md", ROOT / "docs" / "development.md"]
 LANGUAGES = {"python", "bash", "text"}
 FENCE = re.compile(r"^```(\S*)\s*$")
 
@@ -31,9 +33,14 @@ class Block:
     line: int  # 1-based line of the opening fence
     source: str
     output: str | None = None  # the ```text block right after a python block
+    path: Path = README
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, path: Path = README) -> list[Block]:
     found: list[Block] = []
     lines = text.splitlines()
     i = 0
@@ -49,7 +56,7 @@ def blocks(text: str) -> list[Block]:
             i += 1
         if i == len(lines):
             raise AssertionError(f"README.md:{start + 1}: the fence is never closed")
-        block = Block(match.group(1), start + 1, "\n".join(body) + "\n")
+        block = Block(match.group(1), start + 1, "\n".join(body) + "\n", path=path)
         previous = found[-1] if found else None
         # Output: a text block separated from its python block by blank lines only.
         if block.language == "text" and previous is not None and previous.language == "python":
@@ -61,12 +68,12 @@ def blocks(text: str) -> list[Block]:
     return found
 
 
-ALL = blocks(README.read_text())
+ALL = [block for doc in DOCS for block in blocks(doc.read_text(), doc)]
 PYTHON = [b for b in ALL if b.language == "python"]
 
 
 def test_every_block_says_its_language():
-    bad = [f"README.md:{b.line}: ```{b.language}" for b in ALL if b.language not in LANGUAGES]
+    bad = [f"{b.where}: ```{b.language}" for b in ALL if b.language not in LANGUAGES]
     assert not bad, f"use one of {sorted(LANGUAGES)}: {bad}"
     assert PYTHON, "the README has no python examples"
 
@@ -79,20 +86,23 @@ def test_every_block_says_its_language():
 OLD_INDUCTOR = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 12)
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=[f"line{b.line}" for b in PYTHON])
+@pytest.mark.parametrize("block", PYTHON, ids=[f"{b.path.stem}{b.line}" for b in PYTHON])
 def test_python_block_runs(block):
     # Compiled with the README's name and line numbers, so a traceback points there.
-    code = compile("\n" * (block.line) + block.source, str(README), "exec")
+    code = compile("\n" * (block.line) + block.source, str(block.path), "exec")
     stdout = io.StringIO()
     workaround = {"cpp.simdlen": 0} if OLD_INDUCTOR else {}
     with contextlib.redirect_stdout(stdout), torch._inductor.config.patch(workaround):
-        exec(code, {"__name__": f"readme_line{block.line}"})
+        exec(code, {"__name__": f"{block.path.stem}_line{block.line}"})
     if block.output is not None:
-        assert stdout.getvalue() == block.output, f"README.md:{block.line}: the output shown below the block differs"
+        assert stdout.getvalue() == block.output, f"{block.where}: the output shown below the block differs"
 
 
-def test_named_paths_exist():
-    paths = re.findall(r"`((?:src|tests|benchmarks|docs|scripts|examples|\.ci)/[\w./-]*)`", README.read_text())
-    paths += re.findall(r"\]\(((?:src|tests|benchmarks|docs|scripts|examples)/[\w./-]*)\)", README.read_text())
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_named_paths_exist(doc):
+    text = doc.read_text()
+    paths = re.findall(r"`((?:src|tests|benchmarks|docs|scripts|examples|\.ci)/[\w./-]*)`", text)
     missing = sorted({p for p in paths if not (ROOT / p).exists()})
-    assert not missing, f"README names paths that do not exist: {missing}"
+    links = re.findall(r"\]\(((?!https?:|#)[^)#\s]+)(?:#[^)]*)?\)", text)
+    missing += sorted({link for link in links if not (doc.parent / link).exists()})
+    assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"

@@ -2,7 +2,7 @@
 
 - checked mode (specdraft.checked()): a ValueError naming the argument, what was
   expected and what was found, before anything runs (the KV caches stay untouched);
-- unchecked mode: the documented result (README, "Bad input"), against oracles
+- unchecked mode: the documented result (docs/usage.md, "Bad input"), against oracles
   that share no code with the proposer: the slow per-request proposer
   (specs.proposer.oracle_propose) on the inputs the rule implies, and the set of
   KV slots a propose may write, computed with plain loops (fixtures.bad_input).
