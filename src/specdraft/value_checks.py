@@ -149,6 +149,7 @@ def check_rejection_values(
     valid_sampled_tokens_count: torch.Tensor | None = None,
     *,
     name: str = "query_start_loc",
+    num_tokens: int | None = None,
 ) -> None:
     """The prepare-inputs arguments (prepare_eagle_input, prepare_inputs_padded):
     query_start_loc from 0, non-decreasing; a rejected count in [0, query length]; a
@@ -156,12 +157,20 @@ def check_rejection_values(
     the query length (the window holds the drafts and the token before them); a
     valid count in [0, drafts + 1] (0: a discarded request, as
     prepare_next_token_padded reports it). name: what the caller calls
-    query_start_loc."""
+    query_start_loc. num_tokens (prepare_eagle_input's output length): at least the
+    kept total, sum of (query length - rejected)."""
     lens = window_lengths(query_start_loc, name=name)
     if num_rejected_tokens is not None:
-        for b, r in enumerate(num_rejected_tokens.tolist()):
+        rejected = num_rejected_tokens.tolist()
+        for b, r in enumerate(rejected):
             if not 0 <= r <= lens[b]:
                 raise ValueError(f"num_rejected_tokens[{b}] = {r} is outside [0, query length {lens[b]}]")
+        kept = sum(lens) - sum(rejected)
+        if num_tokens is not None and num_tokens < kept:
+            raise ValueError(
+                f"num_tokens = {num_tokens} is smaller than the {kept} tokens the requests keep "
+                "(sum of query lengths minus num_rejected_tokens)"
+            )
     if cu_num_draft_tokens is not None:
         drafts = draft_counts(cu_num_draft_tokens, lens)
         if valid_sampled_tokens_count is not None:
@@ -187,11 +196,15 @@ def draft_counts(cu_num_draft_tokens: torch.Tensor, window_lens: list[int]) -> l
     return drafts
 
 
-def check_next_token_values(backup_next_token_ids: torch.Tensor, vocab_size: int) -> None:
+def check_next_token_values(
+    backup_next_token_ids: torch.Tensor, vocab_size: int, sampled_token_ids: torch.Tensor | None = None
+) -> None:
     """prepare_next_token_padded: the backup tokens become next tokens, so they are
-    ids. (Sampled ids outside [0, vocab_size) are in its contract: they count as
-    rejected.)"""
+    ids; sampled ids are ids in [0, vocab_size) or the -1 placeholder after a
+    rejection. (Unchecked, an id outside that counts as rejected.)"""
     check_in_range("backup_next_token_ids", backup_next_token_ids, 0, vocab_size)
+    if sampled_token_ids is not None:
+        check_in_range("sampled_token_ids", sampled_token_ids, 0, vocab_size, allow=-1)
 
 
 def check_step_metadata_values(
@@ -241,7 +254,13 @@ def check_step_metadata_values(
         new = i + 1
         if new >= max_model_len:
             continue  # clamped: writes nothing
-        blk = rows[b][min(new // block_size, len(rows[b]) - 1)]
+        if new // block_size >= len(rows[b]):
+            raise ValueError(
+                f"block_table: request {b}'s next token at position {new} is in block column "
+                f"{new // block_size}, past the table's {len(rows[b])} columns (block_size {block_size}); "
+                "unchecked mode would write it into the last column's block"
+            )
+        blk = rows[b][new // block_size]
         others = held.get(blk, set()) - {b}
         if others:
             raise ValueError(
@@ -283,11 +302,20 @@ def check_new_slot_mapping_values(
     if total == 0:
         return
     owner = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-    column = (pos.clamp(max=max_model_len - 1) // block_size).clamp(max=block_table.shape[1] - 1)
-    blocks = block_table.cpu().long()[owner, column]
+    wanted = pos.clamp(max=max_model_len - 1) // block_size
     used = pos < max_model_len
     if is_rejected_token_mask is not None:
         used = used & ~is_rejected_token_mask[:total].cpu()
+    past = torch.nonzero(used & (wanted >= block_table.shape[1]))
+    if past.numel():
+        t = int(past[0, 0])
+        raise ValueError(
+            f"block_table: token {t} (request {int(owner[t])}) at position {int(pos[t])} is in block column "
+            f"{int(wanted[t])}, past the table's {block_table.shape[1]} columns (block_size {block_size}); "
+            "unchecked mode would take its slot from the last column's block"
+        )
+    column = wanted.clamp(max=block_table.shape[1] - 1)
+    blocks = block_table.cpu().long()[owner, column]
     bad = torch.nonzero(used & (blocks < 0))
     if bad.numel():
         t = int(bad[0, 0])
@@ -310,11 +338,17 @@ def check_extend_queries_values(query_start_loc: torch.Tensor, seq_lens: torch.T
 
 
 def check_draft_sample_values(
-    temperature: torch.Tensor, probs_out: torch.Tensor | None = None, step: torch.Tensor | None = None
+    temperature: torch.Tensor,
+    probs_out: torch.Tensor | None = None,
+    step: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> None:
-    """draft_sample: temperature finite and >= 0; step inside [0, K)."""
+    """draft_sample: temperature finite and >= 0; step inside [0, K); positions (the
+    noise's counter) non-negative."""
     first_bad("temperature", ~(torch.isfinite(temperature) & (temperature >= 0)), temperature,
               "must be finite and >= 0 (0 = greedy)")  # fmt: skip
+    if positions is not None:
+        check_in_range("positions", positions, 0, None)
     if probs_out is not None and step is not None:
         s, num_steps = int(step), probs_out.shape[1]
         if not 0 <= s < num_steps:
@@ -344,3 +378,17 @@ def check_rejection_sample_values(
                 raise ValueError(f"draft_tokens[{b}, {j}] = {token} must be -1 past num_draft_tokens[{b}] = {n}")
     if draft_probs is not None and not (torch.isfinite(draft_probs).all() and (draft_probs >= 0).all()):
         raise ValueError("draft_probs must be finite and non-negative")
+    if draft_probs is not None:
+        # A sampled row's draft was drawn from draft_probs: probability 0 means the
+        # probabilities are not the ones it was drawn from (an all-zero row, say).
+        # Greedy rows read no draft_probs.
+        sampled = temperature.tolist()
+        for b, (row, n) in enumerate(zip(drafts, counts, strict=True)):
+            if not sampled[b] > 0:
+                continue
+            for j in range(n):
+                if not float(draft_probs[b, j, row[j]]) > 0:
+                    raise ValueError(
+                        f"draft_probs[{b}, {j}, {row[j]}] = {float(draft_probs[b, j, row[j]])}: drafted token "
+                        f"{row[j]} has no probability, so it cannot have been sampled from these draft_probs"
+                    )

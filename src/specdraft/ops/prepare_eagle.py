@@ -160,5 +160,7 @@ def prepare_eagle_input(
     )
     check_int_range("num_tokens", num_tokens, 0)
     if is_checked():
-        check_rejection_values(cu_target_query_lens, num_rejected_tokens, name="cu_target_query_lens")
+        check_rejection_values(
+            cu_target_query_lens, num_rejected_tokens, name="cu_target_query_lens", num_tokens=num_tokens
+        )
     return EagleInputs(*_prepare_eagle_input_op(cu_target_query_lens, num_rejected_tokens, num_tokens))

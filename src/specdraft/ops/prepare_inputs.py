@@ -275,7 +275,7 @@ def prepare_next_token_padded(
     )
     check_int_range("vocab_size", vocab_size, 1)
     if is_checked():
-        check_next_token_values(backup_next_token_ids, vocab_size)
+        check_next_token_values(backup_next_token_ids, vocab_size, sampled_token_ids)
     return NextTokens(
         *_prepare_next_token_padded_op(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size)
     )

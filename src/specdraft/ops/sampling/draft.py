@@ -307,7 +307,7 @@ def draft_sample(
     check_request_params(num_reqs, temperature, seeds, positions, device_of=logits)
     check_salt(salt)
     if is_checked():
-        check_draft_sample_values(temperature, probs_out, step)
+        check_draft_sample_values(temperature, probs_out, step, positions)
     if probs_out is None:
         if step is not None:
             raise ValueError("step is only used with probs_out; pass probs_out too")
