@@ -2,6 +2,8 @@
 published formulas (a per-request causal attention loop, no paged cache), plus the
 EAGLE-3 vocabulary map, MTP layer selection and weight sharing."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from specdraft.models import (
 CFG = DraftModelConfig(
     hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, vocab_size=61, draft_vocab_size=23, num_layers=4
 )
+HEAD_CFG = dataclasses.replace(CFG, num_layers=1)  # EAGLE heads have one layer; num_layers is the target's
 LENS = [5, 1, 7]  # three requests, whole sequences in one call
 BLOCK = 4
 
@@ -154,7 +157,7 @@ def test_target_incremental_decode_matches_prefill(device):
 @pytest.mark.kernel
 @pytest.mark.parametrize("final_norm", [False, True])
 def test_eagle1_matches_dense(device, final_norm):
-    head = randomise(EagleHead(CFG, fc_bias=True, final_norm=final_norm)).to(device)
+    head = randomise(EagleHead(HEAD_CFG, fc_bias=True, final_norm=final_norm)).to(device)
     inp = batch(device)
     out, nxt = head(
         inp["input_ids"], inp["positions"], inp["hidden"], inp["md"], head.allocate_kv_caches(inp["num_blocks"], BLOCK)
@@ -169,7 +172,7 @@ def test_eagle1_matches_dense(device, final_norm):
 
 @pytest.mark.kernel
 def test_eagle3_matches_dense(device):
-    head = randomise(Eagle3Head(CFG)).to(device)
+    head = randomise(Eagle3Head(HEAD_CFG)).to(device)
     inp = batch(device)
     caches = head.allocate_kv_caches(inp["num_blocks"], BLOCK)
     out, nxt = head(inp["input_ids"], inp["positions"], inp["aux"], inp["md"], caches)
@@ -190,7 +193,7 @@ def test_eagle3_matches_dense(device):
 
 @pytest.mark.kernel
 def test_eagle3_vocabulary_map(device):
-    head = randomise(Eagle3Head(CFG)).to(device)
+    head = randomise(Eagle3Head(HEAD_CFG)).to(device)
     g = torch.Generator().manual_seed(3)
     targets = torch.randperm(CFG.vocab_size, generator=g)[: CFG.draft_vocab_size].sort().values
     head.d2t.copy_((targets - torch.arange(CFG.draft_vocab_size)).to(device))
@@ -239,10 +242,10 @@ def test_mtp_step_selects_layer(device, per_layer):
 
 def test_share_from_target():
     target = TinyTargetModel(CFG)
-    eagle = EagleHead(CFG)
+    eagle = EagleHead(HEAD_CFG)
     eagle.share_from(target)
     assert eagle.embed_tokens is target.embed_tokens and eagle.lm_head is target.lm_head
-    eagle3 = Eagle3Head(CFG)
+    eagle3 = Eagle3Head(HEAD_CFG)
     eagle3.share_from(target)  # lm_head stays: it covers the draft vocabulary
     assert eagle3.embed_tokens is target.embed_tokens and eagle3.lm_head is not target.lm_head
     with pytest.raises(ValueError, match="lm_head: shapes differ"):
@@ -251,13 +254,13 @@ def test_share_from_target():
         MTPHead(CFG, per_layer_lm_head=True).share_from(target, lm_head=True)
     wide = TinyTargetModel(DraftModelConfig(**{**CFG.__dict__, "hidden_size": 64, "extra": {}}))
     with pytest.raises(ValueError, match="embed_tokens: shapes differ"):
-        EagleHead(CFG).share_from(wide)
+        EagleHead(HEAD_CFG).share_from(wide)
     with pytest.raises(ValueError, match="embed_tokens: dtypes differ"):
-        EagleHead(CFG).share_from(TinyTargetModel(CFG.with_dtype(torch.bfloat16)))
+        EagleHead(HEAD_CFG).share_from(TinyTargetModel(CFG.with_dtype(torch.bfloat16)))
 
 
 def test_missing_weights_block_until_shared():
-    head = Eagle3Head(CFG)
+    head = Eagle3Head(HEAD_CFG)
     head.missing_weights = frozenset({"embed_tokens"})
     inp = batch("cpu")
     with pytest.raises(RuntimeError, match="embed_tokens"):

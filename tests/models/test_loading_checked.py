@@ -167,3 +167,21 @@ def test_a_clean_target_folder_loads_identically_in_both_modes(tmp_path, tied):
         if tied and name == "lm_head.weight":
             key = "model.embed_tokens.weight"
         torch.testing.assert_close(value, t[key], rtol=0, atol=0, msg=name)
+
+
+def test_a_tied_target_with_nan_in_both_copies_is_not_called_different(tmp_path):
+    """tie_word_embeddings with lm_head stored too, the same NaN in both: the copies
+    are compared bit for bit (NaN != NaN made them "differ"). Unchecked loads them as
+    stored; checked mode refuses the NaN by name."""
+    t = target_tensors()
+    t["model.embed_tokens.weight"][3, 1] = float("nan")
+    t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+    folder, _ = write_indexed_folder(tmp_path / "t", {**TARGET_HF, "tie_word_embeddings": True}, t, shards=2)
+    model = load_target_model(folder)
+    assert torch.isnan(model.lm_head.weight[3, 1])
+    with specdraft.checked(), pytest.raises(ValueError, match="embed_tokens.weight.*must be finite"):
+        load_target_model(folder)
+    t["lm_head.weight"][0, 0] += 1.0  # a real difference is still one
+    folder, _ = write_indexed_folder(tmp_path / "u", {**TARGET_HF, "tie_word_embeddings": True}, t, shards=2)
+    with pytest.raises(ValueError, match="differs"):
+        load_target_model(folder)

@@ -206,3 +206,20 @@ def test_bad_input_names_the_argument():
         kwargs = {**base, **change}
         with pytest.raises(ValueError, match=name):
             draft_metrics(kwargs.pop("draft_logits"), kwargs.pop("target_logits"), **kwargs)
+
+
+def test_one_graph_from_a_single_sequence_on(device):
+    """A first call with one sequence compiles the graph every later sequence count
+    reuses (a slice of size S was size 1 there, and a dynamic graph specialised on
+    it: a second compile at S = 3)."""
+
+    def evaluate(draft, target, loss_mask, cu_seqlens, d2t):
+        return draft_metrics(draft, target, loss_mask, 0.5, d2t=d2t, cu_seqlens=cu_seqlens)
+
+    compiled = fresh_compile(evaluate, fullgraph=True, dynamic=True)
+    with CompileCounts.measure() as counts:
+        for seed, seq_lens in enumerate(([25], [6, 11, 12], [4, 9, 7, 8, 1])):
+            args = to(device, *make_batch(seed, 3, seq_lens, 23, 17, use_map=True))
+            for a, b in zip(compiled(*args), evaluate(*args), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert counts.graph_breaks == 0 and counts.compiles == 1

@@ -128,7 +128,7 @@ def load_target_model(
         model.tie_embeddings()
         head = tensors.pop("lm_head.weight", None)
         embed = tensors.get("embed_tokens.weight")
-        if head is not None and embed is not None and not torch.equal(head, embed):
+        if head is not None and embed is not None and not same_bits(head, embed):
             raise ValueError(
                 "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but tie_word_embeddings is true"
             )
@@ -191,3 +191,14 @@ def save_target_model(model: TinyTargetModel, folder: str | Path) -> None:
         del state["lm_head.weight"]
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", state, metadata={"format": "pt"})
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bits: a tied copy holding NaN equals itself (NaN != NaN
+    under torch.equal would call it different)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+    return torch.equal(a, b)

@@ -143,6 +143,16 @@ class DraftHead(nn.Module):
             if getattr(self.config, name) != defaults[name]:
                 raise ValueError(f"{name}: {type(self).__name__} has no such variant (it is EAGLE-3's)")
 
+    def _refuse_depth(self) -> None:
+        """EAGLE heads have one decoder layer; config.num_layers is the tiny target's
+        depth. A head built from a deeper config would save num_hidden_layers that its
+        loader refuses, and would silently be one layer: refused here instead."""
+        if self.config.num_layers != 1:
+            raise ValueError(
+                f"num_layers: {type(self).__name__} has one decoder layer, got num_layers = "
+                f"{self.config.num_layers} (num_layers is the tiny target's depth)"
+            )
+
     def _check_ready(self) -> None:
         # A Python-level check: free at run time, a constant under torch.compile.
         if self.missing_weights:

@@ -23,6 +23,7 @@ class EagleHead(DraftHead):
     ) -> None:
         super().__init__(config)
         self._refuse_config("norm_before_residual", "fc_norm", "norm_before_fc", "logits_norm")
+        self._refuse_depth()
         if config.hidden_feed == "normed" and not final_norm:
             raise ValueError("hidden_feed: 'normed' needs the final norm, and this EAGLE head has none")
         h = config.hidden_size
@@ -82,6 +83,7 @@ class Eagle3Head(DraftHead):
 
     def __init__(self, config: DraftModelConfig) -> None:
         super().__init__(config)
+        self._refuse_depth()
         h, dv, th = config.hidden_size, config.draft_vocab_size, config.target_hidden_size
         eps = config.rms_norm_eps
         # SpecForge / speculators EAGLE-3.1: one norm per aux layer; speculators'
