@@ -1,4 +1,4 @@
-"""Scaled RoPE (linear, dynamic, YaRN, Llama 3) and Qwen3-VL's interleaved M-RoPE
+"""Scaled RoPE (linear, YaRN, Llama 3; dynamic NTK refused) and Qwen3-VL's interleaved M-RoPE
 against transformers: ROPE_INIT_FUNCTIONS for the inverse frequencies and attention
 factor, LlamaRotaryEmbedding / Qwen3VLTextRotaryEmbedding + apply_rotary_pos_emb for
 the rotated q and k; config.json in transformers 4's `rope_scaling` and transformers
@@ -28,7 +28,6 @@ BASE = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 2, "n
 # is small so every variant bends frequencies that positions below 20k reach.
 SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 512},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
@@ -87,29 +86,32 @@ POSITIONS = torch.tensor([0, 1, 7, 63, 511, 512, 2047, 4095, 4097, 8191, 8192, 1
 @pytest.mark.parametrize("name", sorted(SCALINGS))
 def test_rotation_matches_transformers(name):
     hf = spellings(SCALINGS[name])["rope_parameters"]
-    # transformers' dynamic NTK rescales per call once the batch passes
-    # max_position_embeddings; specdraft's static graph is exact below it.
-    positions = POSITIONS[POSITIONS < MAX_POS] if name == "dynamic" else POSITIONS
+    positions = POSITIONS
     q, k = randn(len(positions), 3, HD, seed=1), randn(len(positions), 1, HD, seed=2)
     got = ours(hf)(positions, q, k)
     want = rotate_with_transformers(hf_config(hf), positions, q, k)
     plain = rotate_with_transformers(hf_config(BASE | {"rope_theta": THETA}), positions, q, k)
     for a, b, p in zip(got, want, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        if name != "dynamic":  # the scaling is visible at these positions: no silent plain RoPE
-            assert (a - p).abs().max() > 1e-2
+        assert (a - p).abs().max() > 1e-2  # the scaling is visible at these positions: no silent plain RoPE
 
 
-def test_dynamic_beyond_max_position_embeddings_stays_unscaled():
-    """The documented choice: one static rotation, transformers' below
-    max_position_embeddings, not rescaled past it (transformers would, per call)."""
-    hf = spellings(SCALINGS["dynamic"])["rope_scaling"]
-    positions = POSITIONS[POSITIONS >= MAX_POS]
-    q, k = randn(len(positions), 2, HD, seed=3), randn(len(positions), 2, HD, seed=4)
-    got = ours(hf)(positions, q, k)
-    plain = rotate_with_transformers(hf_config(BASE | {"rope_theta": THETA}), positions, q, k)
-    for a, b in zip(got, plain, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("spelling", ["rope_scaling", "rope_parameters"])
+def test_dynamic_ntk_is_refused_by_its_key(spelling):
+    """Dynamic NTK is refused, not loaded as the plain rotation (which differed from
+    transformers past max_position_embeddings: nothing loads silently different),
+    in both spellings, for heads and targets, and as a RopeScaling built by hand."""
+    from specdraft.models import DraftModelConfig
+    from specdraft.models.rope import RopeScaling
+    from specdraft.models.target_loading import target_config_from_hf
+
+    hf = spellings({"rope_type": "dynamic", "factor": 4.0})[spelling]
+    with pytest.raises(ValueError, match=f"^{spelling}: dynamic NTK RoPE is refused"):
+        DraftModelConfig.from_hf_config(hf)
+    with pytest.raises(ValueError, match=f"^{spelling}: dynamic NTK RoPE is refused"):
+        target_config_from_hf({**hf, "model_type": "llama", "num_hidden_layers": 1})
+    with pytest.raises(ValueError, match="^rope_type: dynamic NTK RoPE is refused"):
+        RopeScaling("dynamic", factor=4.0)
 
 
 @pytest.mark.parametrize(

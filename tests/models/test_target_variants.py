@@ -28,7 +28,6 @@ VARIANTS = {
                                                    "rope_theta": 500000.0}},
     "yarn_rope_scaling": {"rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 1024}},
     "linear_rope_scaling": {"rope_scaling": {"rope_type": "linear", "factor": 3.0}},
-    "dynamic_rope_parameters": {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
     "llama_attention_bias": {"attention_bias": True},
     "qwen3_qk_norm": {"model_type": "qwen3"},
     "qwen3_qk_norm_yarn_bias": {"model_type": "qwen3", "attention_bias": True,

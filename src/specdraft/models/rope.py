@@ -1,4 +1,4 @@
-"""Rotary position embeddings: plain RoPE, its scaled variants (linear, dynamic NTK,
+"""Rotary position embeddings: plain RoPE, its scaled variants (linear,
 YaRN, Llama 3), and multimodal M-RoPE in Qwen2-VL's section layout or Qwen3-VL's
 interleaved layout.
 
@@ -12,13 +12,9 @@ in the same order, as transformers' ROPE_INIT_FUNCTIONS, so the rotated q / k ag
 with it to float32 rounding at any position. They depend on the config only (a
 scaling is static): under torch.compile they fold to a constant.
 
-Dynamic NTK scaling is the one variant that is length-dependent upstream:
-transformers recomputes the frequencies per call from the longest position in the
-batch, and leaves them unscaled while that stays below max_position_embeddings. A
-static graph cannot follow that without making one request's rotation depend on the
-others in its batch, so here "dynamic" is the unscaled rotation: equal to
-transformers' for every call whose positions are all below max_position_embeddings,
-never rescaled beyond.
+Dynamic NTK scaling is refused (DYNAMIC_NTK_REFUSAL says why): its rotation
+depends on the length of the call it runs in, which a draft served with a KV cache
+cannot follow.
 """
 
 from __future__ import annotations
@@ -29,7 +25,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+ROPE_TYPES = ("linear", "yarn", "llama3")
+DYNAMIC_NTK_REFUSAL = (
+    "dynamic NTK RoPE is refused. Its rotation is rescaled from the length of each call "
+    "(transformers: the batch's longest sequence; vLLM: a static NTK base instead), and past "
+    "max_position_embeddings no drafter with a KV cache can reproduce it: keys cached at earlier "
+    "steps keep the rotation of the step that wrote them, and the training unroll shares one "
+    "first pass between every chain. Below max_position_embeddings it is the plain rotation: "
+    "remove the key from config.json if your sequences stay there, or convert the model to a "
+    "static scaling (linear, yarn, llama3)"
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class RopeScaling:
     """A scaled RoPE with every parameter resolved (defaults already filled in; see
     specdraft.models.rope_config for how config.json's two spellings map here).
 
-    linear: inverse frequencies / factor. dynamic: see the module docstring.
+    linear: inverse frequencies / factor.
     llama3: Llama 3.1's wavelength-banded interpolation (factor, low_freq_factor,
     high_freq_factor, original_max_position_embeddings). yarn: YaRN's ramp between
     interpolated and extrapolated frequencies (factor, beta_fast, beta_slow,
@@ -55,6 +60,8 @@ class RopeScaling:
     attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.rope_type == "dynamic":
+            raise ValueError(f"rope_type: {DYNAMIC_NTK_REFUSAL}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
         if not _positive(self.factor):
@@ -96,7 +103,7 @@ def scaled_inverse_frequencies(
 ) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies of plain RoPE (scaling None) or of
     a scaled variant."""
-    if scaling is None or scaling.rope_type == "dynamic":
+    if scaling is None:
         return inverse_frequencies(head_dim, theta, device)
     if scaling.rope_type == "linear":
         return inverse_frequencies(head_dim, theta, device) / scaling.factor

@@ -19,14 +19,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from specdraft.models.rope import RopeScaling
+from specdraft.models.rope import DYNAMIC_NTK_REFUSAL, RopeScaling
 
 # Keys every RoPE dict may carry; the per-type keys below add to them.
 _COMMON_KEYS = {"type", "rope_type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
 _TYPE_KEYS = {
     "default": set(),
     "linear": {"factor"},
-    "dynamic": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
     "yarn": {
         "factor",
@@ -56,6 +55,8 @@ def rope_from_hf(hf: dict[str, Any], default_theta: float = 10000.0) -> RopeSett
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "mrope":  # transformers 4's name for Qwen2-VL's default-frequency M-RoPE
         kind = "default"
+    if kind == "dynamic":
+        raise ValueError(f"{key}: {DYNAMIC_NTK_REFUSAL}")
     if kind not in _TYPE_KEYS:
         raise ValueError(f"{key}: rope type {kind!r} is not supported (one of {sorted(_TYPE_KEYS)})")
     unknown = sorted(set(rope) - _COMMON_KEYS - _TYPE_KEYS[kind])
@@ -124,7 +125,7 @@ def _scaling(key: str, kind: str, rope: dict[str, Any], hf: dict[str, Any]) -> R
             raise ValueError(f"{key}: {kind} RoPE needs {name!r}")
         return rope[name]
 
-    if kind in ("linear", "dynamic"):
+    if kind == "linear":
         return _checked(key, lambda: RopeScaling(kind, factor=need("factor")))
     original = hf.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
     original = original or hf.get("max_position_embeddings")
