@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ship what we test: build the wheel, install it (not editable) into a venv that has
 # torch but neither hypothesis nor triton, import every module of the installed
-# package from outside the source tree, then run the demo.
+# package from outside the source tree, run the demo, then save a head, capture
+# shards and evaluate them (what a library user does first).
 #
 # The venv is kept between runs (torch is most of its install time) and rebuilt when
 # its inputs change: the python, TORCH_SPEC, pyproject.toml (the dependencies) or
@@ -59,3 +60,15 @@ echo "wheel-smoke: installed $(basename "$wheel")"
 cd "$work"
 "$PY" "$ROOT/.ci/smoke_imports.py" "$work/src/src/specdraft"
 "$PY" -m specdraft.demo
+
+# A library user's path, which needs what the wheel declares (numpy, through
+# safetensors): save a head, capture a target's outputs as shards, evaluate them.
+"$PY" -c "
+from specdraft.assets import load_demo_pair
+from specdraft.models import save_draft_model
+target, head = load_demo_pair()
+save_draft_model(head, 'head')
+"
+"$PY" -m specdraft.capture demo shards --seq-len 128 --per-shard 2 --max-sequences 4 --no-progress
+"$PY" -m specdraft.eval head shards --steps 2 --eager --no-progress
+echo "wheel-smoke: saved a head, captured shards and evaluated them"

@@ -4,18 +4,20 @@ reference. This package imports torch, triton and the bottom layer (specdraft.la
 specdraft.checks, specdraft.checked_mode, specdraft.value_checks) only; what several
 families share lives in ops/common."""
 
-from .backend import HAS_TRITON
-from .common.shift_window import MAX_SHIFT_LIMIT
-from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
-from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
-from .prepare_eagle import EagleInputs, prepare_eagle_input
-from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
-from .sampling import draft_sample, noise_uniform, rejection_sample
-from .shift_and_cache import shift_and_cache_hidden
-from .shift_and_cache_1d import shift_and_cache_1d
-from .shift_plan import ShiftPlan, shift_plan
-from .step_metadata import PADDING_SLOT_ID, step_metadata
-from .vocab_metrics import VocabMetrics, vocab_metrics
+from .backend import HAS_TRITON, quiet_without_triton
+
+with quiet_without_triton():
+    from .common.shift_window import MAX_SHIFT_LIMIT
+    from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
+    from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
+    from .prepare_eagle import EagleInputs, prepare_eagle_input
+    from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
+    from .sampling import draft_sample, noise_uniform, rejection_sample
+    from .shift_and_cache import shift_and_cache_hidden
+    from .shift_and_cache_1d import shift_and_cache_1d
+    from .shift_plan import ShiftPlan, shift_plan
+    from .step_metadata import PADDING_SLOT_ID, step_metadata
+    from .vocab_metrics import VocabMetrics, vocab_metrics
 
 __all__ = [
     "HAS_TRITON",

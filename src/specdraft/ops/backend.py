@@ -6,8 +6,11 @@ Without triton the package still imports: `triton.jit` becomes the identity and
 its pure-torch reference.
 """
 
+import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
@@ -31,6 +34,22 @@ except ImportError:  # pragma: no cover - exercised by a subprocess test
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 NAMESPACE = "specdraft"
+
+
+@contextmanager
+def quiet_without_triton() -> Iterator[None]:
+    """Defining a triton_op without triton installed makes torch log "Triton not
+    available" once per op: 16 lines on every import of specdraft, about a path that is
+    never taken (use_triton is False everywhere without triton). The op files are
+    imported under this; with triton it does nothing."""
+    logger = logging.getLogger("torch._library.triton")
+    level = logger.level
+    if not HAS_TRITON:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
