@@ -1,11 +1,14 @@
 """`python -m specdraft.capture`: the text's bytes cut into windows, packed into
 shards that hold what capture_target_outputs returns for them; bad input exits with
-an error naming the option."""
+an error naming the option (or the file), in one line, before OUT is created; runs
+never mix (a non-empty OUT needs --overwrite, which clears the old shards)."""
+
+import shutil
 
 import pytest
 import torch
 
-from specdraft.assets import demo_held_out_files, load_demo_pair
+from specdraft.assets import DEMO_PAIR, demo_held_out_files, load_demo_pair
 from specdraft.capture import main
 from specdraft.models import default_aux_layers
 from specdraft.training import capture_target_outputs, load_batch, shard_metadata, shard_paths
@@ -67,3 +70,77 @@ def test_missing_file_and_short_text(tmp_path, capsys):
     short.write_bytes(b"x = 1\n")
     assert main(["demo", str(tmp_path / "out"), "--files", str(short), "--no-progress"]) == 2
     assert "fewer than one --seq-len window of 512" in capsys.readouterr().err
+
+
+def error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_bytes(b"def f(x):\n    return x + 1\n" * 8)  # 224 bytes
+    return path
+
+
+def small(out, text, *more) -> list[str]:
+    return [str(out), "--files", str(text), "--seq-len", "32", "--per-shard", "1", "--no-progress", *more]
+
+
+def broken_target(tmp_path, file_name: str, content: bytes):
+    folder = tmp_path / "target"
+    shutil.copytree(DEMO_PAIR / "target", folder)
+    (folder / file_name).write_bytes(content)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "file_name, content, message",
+    [
+        ("model.safetensors", b"not a safetensors file", "model.safetensors is not a readable safetensors file"),
+        ("config.json", b'{"hidden_size": 256,', "config.json is not valid JSON"),
+    ],
+    ids=["corrupt-weights", "malformed-config"],
+)
+def test_a_broken_target_folder_names_the_file(tmp_path, text, capsys, file_name, content, message):
+    folder = broken_target(tmp_path, file_name, content)
+    out = tmp_path / "out"
+    assert main([str(folder), *small(out, text)]) == 2
+    line = error_line(capsys)
+    assert str(folder / file_name) in line and message in line
+    assert not out.exists()
+
+
+def test_bad_arguments_leave_no_out_folder(tmp_path, text, capsys):
+    out = tmp_path / "out"
+    assert main(["demo", *small(out, text, "--aux-layers", "99")]) == 2
+    assert "--aux-layers: layer 99 is not in [0, 4)" in error_line(capsys)
+    assert main(["somewhere", *small(out, text)]) == 2
+    assert "TARGET: somewhere is not a folder" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_out_must_be_a_folder(tmp_path, text, capsys):
+    out = tmp_path / "out"
+    out.write_text("a file")
+    assert main(["demo", *small(out, text)]) == 2
+    assert "exists and is not a folder" in error_line(capsys)
+    assert out.read_text() == "a file"
+
+
+def test_a_non_empty_out_needs_overwrite_which_clears_the_old_shards(tmp_path, text, capsys):
+    out = tmp_path / "out"
+    assert main(["demo", *small(out, text, "--max-sequences", "3")]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == [f"shard-0000{i}.safetensors" for i in range(3)]
+    capsys.readouterr()
+    assert main(["demo", *small(out, text, "--max-sequences", "1")]) == 2
+    assert "is not empty; pass --overwrite" in error_line(capsys)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    (out / "notes.txt").write_text("kept")
+    assert main(["demo", *small(out, text, "--max-sequences", "1", "--overwrite")]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "shard-00000.safetensors"]
+    assert [p.name for p in shard_paths(out)] == ["shard-00000.safetensors"]

@@ -1,7 +1,8 @@
 """`make demo` (specdraft.demo.main), run in-process, eagerly and at small sizes: it
 finds plain and speculative greedy decoding identical, prints acceptance lengths
 above 1 (the shipped head agrees with its target), and fails loudly when the two
-decodings differ."""
+decodings differ. Its progress bars are labelled by run, a compile is announced on
+stderr, and --no-progress leaves stderr empty."""
 
 import re
 
@@ -9,17 +10,20 @@ import pytest
 import torch
 
 from specdraft import demo
+from specdraft.generation import SpeculativeDecoder
 
 SMALL = ["--no-compile", "--prompts", "3", "--max-new-tokens", "48", "--k", "3"]
 
 
-def run_demo(capsys, argv) -> tuple[int, str]:
+def run_demo(capsys, argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr)."""
     threads = torch.get_num_threads()
     try:
         status = demo.main(argv)
     finally:
         torch.set_num_threads(threads)  # main sets the CPU thread count
-    return status, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
 
 
 def number(pattern: str, text: str) -> float:
@@ -29,8 +33,9 @@ def number(pattern: str, text: str) -> float:
 
 
 def test_demo_finds_identical_outputs_and_accepts_drafts(capsys):
-    status, out = run_demo(capsys, SMALL)
+    status, out, err = run_demo(capsys, [*SMALL, "--no-progress"])
     assert status == 0, out
+    assert err == ""  # --no-progress: no bars, no status lines
     assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out
     rates = [float(r) for r in re.findall(r"k=\d: ([0-9.]+)", out)]
     assert len(rates) == 3 and all(0 < r <= 1 for r in rates)
@@ -46,7 +51,7 @@ def test_demo_finds_identical_outputs_and_accepts_drafts(capsys):
 
 def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
     """A speculative decoder that drops one token is caught."""
-    real = demo.SpeculativeDecoder.generate
+    real = SpeculativeDecoder.generate
 
     def lossy(self, prompts, **kwargs):
         result = real(self, prompts, **kwargs)
@@ -54,8 +59,8 @@ def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
             result.tokens[1] = result.tokens[1][1:]
         return result
 
-    monkeypatch.setattr(demo.SpeculativeDecoder, "generate", lossy)
-    status, out = run_demo(capsys, [*SMALL, "--no-sampled"])
+    monkeypatch.setattr(SpeculativeDecoder, "generate", lossy)
+    status, out, _ = run_demo(capsys, [*SMALL, "--no-sampled", "--no-progress"])
     assert status == 1
     assert "FAIL: greedy outputs differ (prompt 2" in out
 
@@ -65,3 +70,24 @@ def test_demo_refuses_sizes_it_cannot_hold():
         demo.parse_args(["--max-new-tokens", "100000"])
     with pytest.raises(SystemExit):
         demo.parse_args(["--prompts", "0"])
+
+
+def test_progress_bars_are_labelled_and_the_compiles_announced(capsys, monkeypatch):
+    """torch.compile stubbed out (the iterations run eagerly): what is checked is
+    what stderr shows around the compiling first runs, and the bars' labels."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+    status, out, err = run_demo(capsys, ["--prompts", "2", "--max-new-tokens", "16", "--k", "2"])
+    assert status == 0, out
+    for name in ("plain", "speculative"):
+        assert f"compiling the {name} iteration (one-time, ~20-60 s on CPU)..." in err
+    assert err.count("compiled in ") == 2
+    for label in ("plain", "speculative", "sampled"):
+        assert f"{label}: 100%" in err, err
+    assert "generate:" not in err
+
+
+def test_bad_input_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--k", "0"])
+    assert exit_info.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -2,9 +2,13 @@
 reports are a plain loop's over the head's drafts (greedy drafts from the eager
 unroll, whose equality with propose is tests/training/test_unroll_propose.py) and
 the target's argmax; --plot writes a PNG, --json the metrics; bad input exits 2
-with a message naming what is wrong."""
+with one line naming what is wrong (the option, or the file), checked before the
+evaluation; a compiled step announces its one-time compile on stderr."""
 
+import importlib
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +120,92 @@ def test_bad_data_exits_2(data, tmp_path, capsys):
     assert "holds the target's layers [0, 1, 2]; the head fuses [2, 2, 1]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["demo", str(folder), "--steps", "0"])
+
+
+def error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "file_name, content, message",
+    [
+        ("model.safetensors", b"\x00" * 64, "model.safetensors is not a readable safetensors file"),
+        ("config.json", b"[", "config.json is not valid JSON"),
+    ],
+    ids=["corrupt-weights", "malformed-config"],
+)
+def test_a_broken_head_folder_names_the_file(data, tmp_path, capsys, file_name, content, message):
+    folder = tmp_path / "head"
+    shutil.copytree(DEMO_PAIR / "eagle3", folder)
+    (folder / file_name).write_bytes(content)
+    argv = [str(folder), str(data[0]), "--eager", "--no-progress", "--target", "demo"]
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: HEAD: ") and str(folder / file_name) in line and message in line
+
+
+def test_data_that_is_not_safetensors_exits_2(tmp_path, capsys):
+    for content in (b"", b"garbage, not a shard", b"\xff" * 100):
+        path = tmp_path / "data.txt"
+        path.write_bytes(content)
+        assert main(["demo", str(path), "--eager", "--no-progress"]) == 2
+        line = error_line(capsys)
+        assert line.startswith(f"error: DATA: {path} is not a safetensors file")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
+        (["--temperature", "nan"], "--temperature must be >= 0"),
+        (["--method", "mtp"], '--method mtp: HEAD "demo" is the shipped EAGLE-3 head'),
+        (["--method", "eagle"], '--method eagle: HEAD "demo"'),
+    ],
+)
+def test_refused_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "data", *argv])
+    assert exit_info.value.code == 2
+    assert message in error_line(capsys)
+
+
+def test_plot_without_matplotlib_fails_before_evaluating(data, tmp_path, capsys, monkeypatch):
+    evaluate_module = importlib.import_module("specdraft.training.evaluate")  # the package's `evaluate` is the function
+
+    def never(*args, **kwargs):
+        raise AssertionError("evaluated although --plot cannot be written")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", never)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    png = tmp_path / "a.png"
+    assert main(["demo", str(data[0]), "--eager", "--no-progress", "--plot", str(png)]) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: --plot: plotting needs matplotlib")
+    assert not png.exists()
+
+
+def test_target_demo_is_the_shipped_target(data, tmp_path):
+    folder, _, _ = data
+    head_folder = str(DEMO_PAIR / "eagle3")
+    base = [str(folder), "--eager", "--no-progress"]
+    assert main([head_folder, *base, "--target", "demo", "--json", str(tmp_path / "a.json")]) == 0
+    assert main(["demo", *base, "--json", str(tmp_path / "b.json")]) == 0
+    assert (
+        json.loads((tmp_path / "a.json").read_text())["sums"] == json.loads((tmp_path / "b.json").read_text())["sums"]
+    )
+
+
+def test_the_compile_is_announced_on_stderr_unless_no_progress(data, capsys, monkeypatch):
+    """torch.compile stubbed out (the step runs eagerly): what is checked is the
+    status lines around the compiled step's first call."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: fn)
+    folder, _, _ = data
+    assert main(["demo", str(folder)]) == 0
+    err = capsys.readouterr().err
+    assert "compiling the evaluation step (one-time, ~20-60 s on CPU)..." in err
+    assert err.count("compiling the evaluation step") == 1
+    assert "compiled in " in err
+    assert main(["demo", str(folder), "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -1,21 +1,38 @@
 """specdraft: speculative-decoding proposers that compile under
-torch.compile(fullgraph=True). The kernel layer is `specdraft.ops`."""
+torch.compile(fullgraph=True). The kernel layer is `specdraft.ops`.
 
-from specdraft import ops
-from specdraft.checked_mode import checked, is_checked, set_checked
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
-from specdraft.proposers.adjust_input import AdjustedInput, ShiftCache, adjust_input
+The names below load their modules on first use, so `import specdraft` and
+`python -m specdraft --help` import no torch (the command line answers --help at
+once)."""
+
+import importlib
 
 __version__ = "0.1.0"
-__all__ = [
-    "PADDING_SLOT_ID",
-    "AdjustedInput",
-    "BatchMetadata",
-    "ShiftCache",
-    "adjust_input",
-    "checked",
-    "is_checked",
-    "ops",
-    "set_checked",
-    "__version__",
-]
+
+# name -> (module, attribute in it, or None for the module itself)
+EXPORTS = {
+    "ops": ("specdraft.ops", None),
+    "checked": ("specdraft.checked_mode", "checked"),
+    "is_checked": ("specdraft.checked_mode", "is_checked"),
+    "set_checked": ("specdraft.checked_mode", "set_checked"),
+    "PADDING_SLOT_ID": ("specdraft.layout", "PADDING_SLOT_ID"),
+    "BatchMetadata": ("specdraft.layout", "BatchMetadata"),
+    "AdjustedInput": ("specdraft.proposers.adjust_input", "AdjustedInput"),
+    "ShiftCache": ("specdraft.proposers.adjust_input", "ShiftCache"),
+    "adjust_input": ("specdraft.proposers.adjust_input", "adjust_input"),
+}
+__all__ = sorted([*EXPORTS, "__version__"])
+
+
+def __getattr__(name: str):
+    if name not in EXPORTS:
+        raise AttributeError(f"module 'specdraft' has no attribute {name!r}")
+    module_name, attribute = EXPORTS[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *EXPORTS})

@@ -1,6 +1,6 @@
-"""`python -m specdraft.capture TARGET OUT`: run a byte-level target over text files
-and save its outputs as shards for `python -m specdraft.eval` (format:
-specdraft.training.shards).
+"""`python -m specdraft.capture TARGET OUT` (or `specdraft capture`): run a byte-level
+target over text files and save its outputs as shards for `python -m specdraft.eval`
+(format: specdraft.training.shards).
 
     python -m specdraft.capture demo data/           # the shipped target, held-out stdlib files
     python -m specdraft.capture path/to/target data/ --files a.py b.py --aux-layers none
@@ -10,7 +10,9 @@ target). The text is read as bytes, so the target must have the 256-byte vocabul
 for a target with a tokenizer, tokenize yourself and call
 `specdraft.training.capture_target_outputs` then `save_batch`. The files are laid
 end to end (a blank line between files) and cut into windows of --seq-len bytes;
-each shard packs --per-shard windows.
+each shard packs --per-shard windows. OUT must be new or empty (--overwrite replaces
+the shards of an earlier run), so runs never mix; every argument is checked before
+OUT is created. Exit status 2 on bad input, with one line on stderr.
 """
 
 from __future__ import annotations
@@ -19,22 +21,26 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
+from specdraft.__main__ import (
+    DEVICE_HELP,
+    NO_PROGRESS_HELP,
+    ArgumentParser,
+    check_device,
+    load_model_folder,
+    model_folder,
+    run_reporting_errors,
+)
 
-from specdraft.assets import DEMO_PAIR, demo_held_out_files
-from specdraft.models import default_aux_layers
-from specdraft.models.target_loading import load_target_model
-from specdraft.training.capture import capture_target_outputs
-from specdraft.training.shards import save_batch
+# No models, training or generation code above: they load after the arguments are
+# parsed (in main), so --help and argument errors answer without them.
 
 BYTE_VOCAB = 256
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specdraft.capture", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m specdraft.capture") -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help='target folder, or "demo" for the shipped target')
-    parser.add_argument("out", type=Path, help="folder to write the shards to (created)")
+    parser.add_argument("out", type=Path, help="folder to write the shards to (created; must be new or empty)")
     parser.add_argument(
         "--files", nargs="+", type=Path, help="text files (default, for demo: the held-out stdlib files)"
     )
@@ -46,8 +52,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         '(2, N // 2, N - 3), what EAGLE-3 heads fuse), "none" (the final hidden state: EAGLE-1 / MTP), or '
         'layer ids "2,5,8"',
     )  # fmt: skip
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write into a non-empty OUT: its *.safetensors files (an earlier "
+        "run's shards) are deleted first",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    return parser
+
+
+def parse_args(argv=None, prog: str = "python -m specdraft.capture") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.seq_len < 2 or args.per_shard < 1 or (args.max_sequences is not None and args.max_sequences < 1):
         parser.error("--seq-len must be >= 2, --per-shard and --max-sequences >= 1")
@@ -57,18 +72,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def aux_layers_of(spec: str, num_layers: int) -> tuple[int, ...]:
+    from specdraft.models import default_aux_layers
+
     if spec == "eagle3":
         return default_aux_layers(num_layers)
     if spec == "none":
         return ()
     try:
-        return tuple(int(i) for i in spec.split(","))
+        layers = tuple(int(i) for i in spec.split(","))
     except ValueError:
         raise ValueError(f'--aux-layers: expected "eagle3", "none" or comma-separated ints, got {spec!r}') from None
+    for layer in layers:
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"--aux-layers: layer {layer} is not in [0, {num_layers}) (the target's layers)")
+    return layers
 
 
-def read_text_bytes(files: list[Path]) -> torch.Tensor:
+def read_text_bytes(files: list[Path]):
     """The files' bytes back to back (a blank line between files), as uint8."""
+    import torch
+
     for f in files:
         if not f.is_file():
             raise ValueError(f"--files: {f} is not a file")
@@ -76,7 +99,7 @@ def read_text_bytes(files: list[Path]) -> torch.Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
 
 
-def text_windows(files: list[Path], seq_len: int) -> list[torch.Tensor]:
+def text_windows(files: list[Path], seq_len: int) -> list:
     """The files' bytes back to back, cut into full windows of seq_len bytes."""
     data = read_text_bytes(files).long()
     count = data.numel() // seq_len
@@ -85,30 +108,49 @@ def text_windows(files: list[Path], seq_len: int) -> list[torch.Tensor]:
     return list(data[: count * seq_len].view(count, seq_len))
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return capture(args)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def check_out(out: Path, overwrite: bool) -> None:
+    """OUT is new, an empty folder, or (--overwrite) a folder to reuse."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT: {out} exists and is not a folder")
+    if out.is_dir() and not overwrite and any(out.iterdir()):
+        raise ValueError(f"OUT: {out} is not empty; pass --overwrite to replace the shards of an earlier run")
+
+
+def main(argv=None, prog: str = "python -m specdraft.capture") -> int:
+    args = parse_args(argv, prog)
+    return run_reporting_errors(capture, args)
 
 
 def capture(args: argparse.Namespace) -> int:
-    folder = DEMO_PAIR / "target" if args.target == "demo" else Path(args.target)
-    target = load_target_model(folder, device=args.device).eval()
+    check_out(args.out, args.overwrite)
+    from specdraft.assets import demo_held_out_files
+
+    files = args.files if args.files is not None else demo_held_out_files()
+    windows = text_windows(files, args.seq_len)[: args.max_sequences]
+    device = check_device(args.device)
+
+    from tqdm.auto import tqdm
+
+    from specdraft.models.target_loading import load_target_model
+    from specdraft.training.capture import capture_target_outputs
+    from specdraft.training.shards import save_batch
+
+    folder = model_folder("TARGET", args.target, "target")
+    target = load_model_folder("TARGET", folder, lambda: load_target_model(folder, device=device)).eval()
     if target.config.vocab_size != BYTE_VOCAB:
         raise ValueError(
             f"target: vocab_size {target.config.vocab_size}; this command feeds raw bytes and needs 256. "
             "Tokenize yourself and call specdraft.training.capture_target_outputs."
         )
     aux_layers = aux_layers_of(args.aux_layers, target.config.num_layers)
-    files = args.files if args.files is not None else demo_held_out_files()
-    windows = text_windows(files, args.seq_len)[: args.max_sequences]
+    # Every argument checked: only now is OUT created (or its old shards cleared).
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.overwrite:
+        for old in args.out.glob("*.safetensors"):
+            old.unlink()
     shards = [windows[i : i + args.per_shard] for i in range(0, len(windows), args.per_shard)]
     for i, group in enumerate(tqdm(shards, desc="capture", unit="shard", disable=args.no_progress)):
-        batch = capture_target_outputs(target, [w.to(args.device) for w in group], aux_layers=aux_layers)
+        batch = capture_target_outputs(target, [w.to(device) for w in group], aux_layers=aux_layers)
         save_batch(args.out / f"shard-{i:05d}.safetensors", batch, aux_layers=aux_layers, target=str(folder))
     print(f"wrote {len(shards)} shards ({len(windows)} sequences of {args.seq_len} bytes) to {args.out}")
     return 0

@@ -13,20 +13,34 @@ whose texts loop less than greedy ones.
     python -m specdraft.demo                      # CPU, compiled, K = 3
     python -m specdraft.demo --device cuda        # mode="reduce-overhead" there
     python -m specdraft.demo --k 5 --max-new-tokens 64 --no-compile
+    specdraft demo --no-progress                  # the same, as the console script
 
 Needs torch, safetensors and tqdm only (no test extras, no network).
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
+from specdraft.__main__ import (
+    DEVICE_HELP,
+    NO_PROGRESS_HELP,
+    ArgumentParser,
+    check_device,
+    compile_message,
+    run_reporting_errors,
+    status,
+)
 
-from specdraft.assets import load_demo_pair
-from specdraft.config import SamplingParams, SpeculativeConfig
-from specdraft.generation import GenerationResult, SpeculativeDecoder, num_kv_blocks
-from specdraft.proposers import EagleProposer
+# No models, training or generation code above: they load after the arguments are
+# parsed (in main), so --help and argument errors answer without them.
+if TYPE_CHECKING:
+    import torch
+
+    from specdraft.generation import GenerationResult
 
 PROMPTS = (
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n',
@@ -43,9 +57,9 @@ TEMPERATURE = 0.7
 SHOWN = (0, 2)  # the prompts whose texts are printed (the greedy text of prompt 1 only loops)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specdraft.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with mode=reduce-overhead")
     parser.add_argument("--k", type=int, default=3, help="draft tokens per verify pass (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
@@ -56,6 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--threads", type=int, default=1, help="CPU threads (default 1: the matmuls are tiny, and more threads "
         "only contend on a shared machine)",
     )  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    return parser
+
+
+def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be in [1, {len(PROMPTS)}]")
@@ -74,6 +94,8 @@ def compile_options(device: str, enabled: bool):
     sizes the vectorised loops barely run faster, generating and building them is
     about a quarter of the compile time, and without them Inductor skips its
     vector-ISA probe (test builds of a few seconds, once per process)."""
+    import torch
+
     if not enabled:
         return False
     if torch.device(device).type == "cuda":
@@ -84,6 +106,11 @@ def compile_options(device: str, enabled: bool):
 def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN):
     """(plain, speculative) SpeculativeDecoders over the shipped pair, for batches of
     up to num_prompts prompts."""
+    from specdraft.assets import load_demo_pair
+    from specdraft.config import SpeculativeConfig
+    from specdraft.generation import SpeculativeDecoder, num_kv_blocks
+    from specdraft.proposers import EagleProposer
+
     target, head = load_demo_pair(device=device)
     config = SpeculativeConfig(
         method="eagle3", num_speculative_tokens=k, max_model_len=max_model_len, block_size=BLOCK_SIZE
@@ -111,6 +138,8 @@ def timed(fn):
 def first_difference(a: GenerationResult, b: GenerationResult):
     """(request, token index) of the first token that differs, or None. Host-side,
     after both runs: the tokens are CPU tensors."""
+    import torch
+
     for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)):
         if not torch.equal(x, y):
             n = min(len(x), len(y))
@@ -143,9 +172,18 @@ def show_texts(title: str, prompts, result: GenerationResult) -> None:
         print(prompts[i] + ">>>" + decode(result.tokens[i]))
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    device = torch.device(args.device)
+def main(argv=None, prog: str = "python -m specdraft.demo") -> int:
+    args = parse_args(argv, prog)
+    return run_reporting_errors(run_demo, args)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    device = check_device(args.device)
+    import torch
+
+    from specdraft.config import SamplingParams
+    from specdraft.generation import SpeculativeDecoder
+
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     compile = compile_options(args.device, not args.no_compile)
@@ -160,14 +198,19 @@ def main(argv=None) -> int:
     print(f"target 4 x 256 Llama (vocab 256 bytes), EAGLE-3 head, K = {args.k}; {where}; torch {torch.__version__}")
     print(f"{len(prompts)} Python snippets, {args.max_new_tokens} new tokens each, greedy; iterations {how}\n")
 
-    run = {"max_new_tokens": args.max_new_tokens, "progress": True}
+    progress = not args.no_progress
+    run = {"max_new_tokens": args.max_new_tokens}
     # A first run of one iteration compiles it (max_new_tokens changes no shape, so the
     # timed runs below reuse the graph) and warms up eager mode alike.
     for name, decoder in (("plain", plain), ("speculative", spec)):
+        if compile and progress:
+            status(compile_message(f"the {name} iteration", device))
         _, seconds = timed(lambda d=decoder: d.generate(prompts, max_new_tokens=2))
+        if compile and progress:
+            status(f"compiled in {seconds:.1f} s")
         print(f"{'compile' if compile else 'warm-up'} + first iteration, {name}: {seconds:.1f} s", flush=True)
-    plain_out = plain.generate(prompts, **run)
-    spec_out = spec.generate(prompts, **run)
+    plain_out = plain.generate(prompts, progress=progress and "plain", **run)
+    spec_out = spec.generate(prompts, progress=progress and "speculative", **run)
 
     diff = first_difference(plain_out, spec_out)
     total = sum(len(t) for t in plain_out.tokens)
@@ -186,7 +229,7 @@ def main(argv=None) -> int:
         eager = SpeculativeDecoder(spec.target, spec.proposer)
         seeds = torch.arange(args.seed, args.seed + len(prompts))
         sampling = SamplingParams(torch.full((len(prompts),), TEMPERATURE), seeds)
-        sampled = eager.generate(prompts, sampling=sampling, **run)
+        sampled = eager.generate(prompts, sampling=sampling, progress=progress and "sampled", **run)
         print(f"\nsampled run (temperature {TEMPERATURE}, seeds {args.seed}..{args.seed + len(prompts) - 1}, eager): "
               f"mean acceptance length {sampled.stats.mean_acceptance_length.item():.3f}")  # fmt: skip
         show_texts(f"sampled, T = {TEMPERATURE}", texts, sampled)

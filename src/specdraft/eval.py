@@ -1,15 +1,17 @@
-"""`python -m specdraft.eval HEAD DATA`: evaluate a draft head on saved target outputs
-(shards from `python -m specdraft.capture` or `specdraft.training.save_batch`) and
-print its per-step table; --plot writes a PNG of acceptance per step.
+"""`python -m specdraft.eval HEAD DATA` (or `specdraft eval`): evaluate a draft head on
+saved target outputs (shards from `python -m specdraft.capture` or
+`specdraft.training.save_batch`) and print its per-step table; --plot writes a PNG of
+acceptance per step.
 
     python -m specdraft.capture demo data/                     # the shipped target's outputs
     python -m specdraft.eval demo data/ --steps 3 --plot acceptance.png
 
 HEAD is a draft-head folder (load_draft_model: EAGLE-1, EAGLE-3, MTP, multi-layer
 MTP) or "demo" (the shipped EAGLE-3 head). A head saved without its embedding (or
-lm_head) takes the target's: pass --target (for "demo" the shipped target). The
-step is compiled (fullgraph, dynamic shapes: one graph for every shard), unless
---eager. Exit status 2 on bad input.
+lm_head) takes the target's: pass --target (a folder, or "demo" for the shipped
+target; for HEAD "demo" the shipped target is the default). The step is compiled
+(fullgraph, dynamic shapes: one graph for every shard), unless --eager. Exit status
+2 on bad input, with one line on stderr.
 """
 
 from __future__ import annotations
@@ -19,25 +21,33 @@ import json
 import sys
 from pathlib import Path
 
-from specdraft.assets import DEMO_PAIR
-from specdraft.models import load_draft_model
-from specdraft.models.target_loading import load_target_model
-from specdraft.training.evaluate import DraftEvaluator, evaluate
-from specdraft.training.metrics import finalize
-from specdraft.training.report import format_table, plot_acceptance
-from specdraft.training.shards import shard_metadata, shard_paths
+from specdraft.__main__ import (
+    DEVICE_HELP,
+    NO_PROGRESS_HELP,
+    ArgumentParser,
+    announce_first_call,
+    check_device,
+    check_safetensors,
+    load_model_folder,
+    model_folder,
+    run_reporting_errors,
+)
+
+# No models, training or generation code above: they load after the arguments are
+# parsed (in main), so --help and argument errors answer without them.
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specdraft.eval", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("head", help='draft-head folder, or "demo" for the shipped EAGLE-3 head')
     parser.add_argument("data", type=Path, help="a folder of shards, or one .safetensors shard")
     parser.add_argument("--steps", type=int, default=3, help="draft steps K per start (default 3)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="for Σ min(p, q) (default 0: greedy)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="for Σ min(p, q), >= 0 (default 0: greedy)")
     parser.add_argument("--tokens", choices=("draft", "data"), default="draft",
                         help="feed the head's own drafts (as served; default) or the data (teacher forcing)")  # fmt: skip
-    parser.add_argument("--method", choices=("eagle", "eagle3", "mtp"), help="head kind (default: from the folder)")
-    parser.add_argument("--target", help="target folder to share the embedding / lm_head from")
+    parser.add_argument("--method", choices=("eagle", "eagle3", "mtp"),
+                        help='head kind (default: from the folder; HEAD "demo" is eagle3)')  # fmt: skip
+    parser.add_argument("--target", help='target folder to share the embedding / lm_head from, or "demo"')
     parser.add_argument("--divergence", action="store_true", help="also report cross-entropy and KL per step")
     parser.add_argument("--plot", type=Path, help="write a PNG of acceptance per step (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write the metrics and timings as JSON")
@@ -46,33 +56,50 @@ def parse_args(argv=None) -> argparse.Namespace:
         "most this many tokens (default 1024; 0: whole shards). The sums do not change; on CPU the dense "
         "attention's cost grows with the square of a group's size",
     )  # fmt: skip
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help=DEVICE_HELP)
     parser.add_argument("--eager", action="store_true", help="do not compile the evaluation step")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    return parser
+
+
+def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.max_batch_tokens < 0:
         parser.error("--steps must be >= 1 and --max-batch-tokens >= 0")
+    if not args.temperature >= 0:  # NaN too
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.head == "demo" and args.method not in (None, "eagle3"):
+        parser.error(f'--method {args.method}: HEAD "demo" is the shipped EAGLE-3 head (--method eagle3 or none)')
     return args
 
 
-def load_head(args):
+def load_head(args, device):
     """The head, with the target's embedding / lm_head shared where it has none."""
+    from specdraft.models import load_draft_model
+    from specdraft.models.target_loading import load_target_model
+
     demo = args.head == "demo"
-    head = load_draft_model(DEMO_PAIR / "eagle3" if demo else Path(args.head), method="eagle3" if demo else args.method,
-                            device=args.device).eval()  # fmt: skip
-    target_folder = DEMO_PAIR / "target" if demo and args.target is None else args.target
+    folder = model_folder("HEAD", args.head, "eagle3")
+    method = "eagle3" if demo else args.method
+    head = load_model_folder("HEAD", folder, lambda: load_draft_model(folder, method=method, device=device)).eval()
+    target = "demo" if demo and args.target is None else args.target
     if head.missing_weights:
-        if target_folder is None:
+        if target is None:
             raise ValueError(
                 f"head: the checkpoint has no {', '.join(sorted(head.missing_weights))}; pass --target TARGET_FOLDER "
                 "to share the target's"
             )
-        head.share_from(load_target_model(target_folder, device=args.device))
+        target_folder = model_folder("--target", target, "target")
+        head.share_from(load_model_folder("--target", target_folder,
+                                          lambda: load_target_model(target_folder, device=device)))  # fmt: skip
     return head
 
 
 def check_shards(paths: list[Path], head) -> None:
     """The shards' recorded aux layers against the head's config, where both say."""
+    from specdraft.training.shards import shard_metadata
+
     want = (head.config.extra.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if want is None:
         return
@@ -84,20 +111,38 @@ def check_shards(paths: list[Path], head) -> None:
             )
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        head = load_head(args)
-        paths = shard_paths(args.data)
-        check_shards(paths, head)
-        evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
-                                   divergence=args.divergence, compile=not args.eager)  # fmt: skip
-        sums, timing = evaluate(
-            evaluator, paths, max_batch_tokens=args.max_batch_tokens or None, progress=not args.no_progress
-        )
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def main(argv=None, prog: str = "python -m specdraft.eval") -> int:
+    args = parse_args(argv, prog)
+    return run_reporting_errors(run, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot is not None:  # before the evaluation, not after it
+        from specdraft.training.report import pyplot
+
+        try:
+            pyplot()
+        except ModuleNotFoundError as error:
+            raise ValueError(f"--plot: {error}") from None
+    from specdraft.training.shards import shard_paths
+
+    paths = shard_paths(args.data)  # the cheap checks first
+    check_safetensors("DATA", paths)
+    device = check_device(args.device)
+
+    from specdraft.training.evaluate import DraftEvaluator, evaluate
+    from specdraft.training.metrics import finalize
+    from specdraft.training.report import format_table, plot_acceptance
+
+    head = load_head(args, device)
+    check_shards(paths, head)
+    evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
+                               divergence=args.divergence, compile=not args.eager)  # fmt: skip
+    if not args.eager and not args.no_progress:
+        evaluator.step = announce_first_call(evaluator.step, "the evaluation step", device)
+    sums, timing = evaluate(
+        evaluator, paths, max_batch_tokens=args.max_batch_tokens or None, progress=not args.no_progress
+    )
     metrics = finalize(sums)
     print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {args.steps}, "
           f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}")  # fmt: skip

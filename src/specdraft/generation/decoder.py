@@ -258,10 +258,11 @@ class SpeculativeDecoder:
         sampling: SamplingParams | None = None,
         eos_token_id: int | list[int | None] | None = None,
         time_split: bool = False,
-        progress: bool = False,
+        progress: bool | str = False,
     ) -> GenerationResult:
         """Generate for every prompt until its EOS (included in its output), its
-        max_new_tokens, or max_model_len total tokens. See `generate` for the arguments."""
+        max_new_tokens, or max_model_len total tokens. See `generate` for the arguments;
+        progress: True (a bar labelled "generate") or the bar's label."""
         prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
         if hasattr(self.proposer, "reset_cache"):
             self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache
@@ -315,9 +316,11 @@ def host_flags(state: DecodeState) -> torch.Tensor:
     return torch.stack([state.done.long(), state.num_generated]).cpu()
 
 
-def progress_bar(enabled: bool, total: int, initial: int):
+def progress_bar(enabled: bool | str, total: int, initial: int):
+    """A tqdm bar of generated tokens, or None; enabled: True (labelled "generate") or the label."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="tok", desc="generate", dynamic_ncols=True)
+    desc = enabled if isinstance(enabled, str) else "generate"
+    return tqdm(total=total, initial=initial, unit="tok", desc=desc, dynamic_ncols=True)

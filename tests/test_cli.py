@@ -1,0 +1,121 @@
+"""The command line as a whole: `specdraft demo|capture|eval` (python -m specdraft and
+the console script), --help without the models' code, help text on every option,
+and bad input (a device this machine lacks or does not know) as one line on stderr
+with exit status 2, before anything is written."""
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specdraft.__main__ import DEMO_PAIR
+from specdraft.__main__ import main as specdraft_main
+
+COMMANDS = ("demo", "capture", "eval")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_python_m_specdraft_help_lists_the_commands():
+    done = subprocess.run([sys.executable, "-m", "specdraft", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for command in COMMANDS:
+        assert command in done.stdout
+
+
+def test_help_loads_no_model_training_or_generation_code():
+    """--help of each entry point answers before the heavy imports: not even torch
+    (the package's names load lazily), so it answers at once."""
+    script = textwrap.dedent(
+        """
+        import runpy, sys
+        for module in ("specdraft", "specdraft.demo", "specdraft.capture", "specdraft.eval"):
+            sys.argv = ["x", "--help"]
+            try:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            except SystemExit as exit:
+                assert exit.code in (0, None), (module, exit.code)
+        heavy = ("torch", "specdraft.ops", "specdraft.assets", "specdraft.models", "specdraft.training",
+                 "specdraft.generation", "matplotlib")
+        print("LOADED", [name for name in heavy if name in sys.modules])
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_dispatcher_runs_each_command_under_its_name(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        specdraft_main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: specdraft {command}" in capsys.readouterr().out
+
+
+def test_an_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        specdraft_main(["train"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'train'" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_has_help_text(command):
+    parser = importlib.import_module(f"specdraft.{command}").build_parser()
+    options = {action.dest: action.help for action in parser._actions}
+    assert "device" in options and "no_progress" in options
+    assert all(options.values()), [name for name, text in options.items() if not text]
+
+
+def test_the_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"specdraft": "specdraft.__main__:main"}
+
+
+def test_demo_pair_path_is_the_packages():
+    from specdraft.assets import DEMO_PAIR as assets_demo_pair
+
+    assert DEMO_PAIR == assets_demo_pair
+
+
+def argv_for(command: str, tmp_path: Path) -> list[str]:
+    """Arguments that pass every check made before the device's."""
+    if command == "demo":
+        return ["--no-progress"]
+    if command == "capture":
+        text = tmp_path / "a.py"
+        text.write_bytes(b"x = 1\n" * 4)
+        return ["demo", str(tmp_path / "out"), "--files", str(text), "--seq-len", "8", "--no-progress"]
+    shard = tmp_path / "shard.safetensors"
+    save_file({"token_ids": torch.zeros(4, dtype=torch.int64)}, str(shard))
+    return ["demo", str(shard), "--eager", "--no-progress"]
+
+
+DEVICES = ["foo", "cuda:x"] + ([] if torch.cuda.is_available() else ["cuda"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_device_this_machine_lacks_is_one_line_and_exit_2(command, device, tmp_path, capsys):
+    main = importlib.import_module(f"specdraft.{command}").main
+    threads = torch.get_num_threads()
+    try:
+        assert main([*argv_for(command, tmp_path), "--device", device]) == 2
+    finally:
+        torch.set_num_threads(threads)
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: --device")
+    assert ("no CUDA device" in line) if device == "cuda" else ("unknown device" in line)
+    assert not (tmp_path / "out").exists()
