@@ -1,0 +1,175 @@
+"""EAGLE-2 dynamic draft trees: the shape, the expansion and the final selection, in
+static shapes with no host sync (issue 26, its first piece: the tree build).
+
+The tree of one request: node 0 is the root, the token the target verifies first (the
+last token it emitted). Draft step 0 expands the root to its `topk` most likely
+children (depth 1). Every later step expands each of the `topk` frontier nodes to its
+`topk` children, and the `topk` of those `topk**2` candidates with the highest
+cumulative draft log-probability (the sum along the path from the root) become the
+next frontier. Every candidate ever expanded joins the pool: `topk + (depth - 1) *
+topk**2` nodes. After `depth` steps the `num_verify_tokens - 1` best pool nodes by
+cumulative log-probability are kept, with the root: the tree the target verifies.
+
+Ties are broken so the result is one defined tree: among equal scores, the frontier
+and the final selection take the lower pool index (pool order: step by step,
+frontier node by frontier node, child rank by child rank), and the final selection
+ranks a shallower node first. A child's score never exceeds its parent's
+(log-probabilities are <= 0) and a parent is shallower, so the kept set is closed
+under parents: no orphan node, ties included.
+
+Kept nodes are laid out by (depth, pool index): a parent always comes before its
+children, node i attends to the prefix and to its ancestors (`ancestors[i, j]`), at
+position prefix length + depth.
+
+How the three numbers map to other engines: depth is SGLang's
+speculative_num_steps and TensorRT-LLM's max_draft_len; topk is SGLang's
+speculative_eagle_topk and TensorRT-LLM's dynamic_tree_max_topK; num_verify_tokens
+(the root included) is SGLang's speculative_num_draft_tokens and TensorRT-LLM's
+max_total_draft_tokens + 1.
+
+These are the pure-torch definitions the tree proposer will run (they compile under
+torch.compile(fullgraph=True): every shape is fixed by (B, depth, topk,
+num_verify_tokens)); tests/proposers/test_tree_build.py checks them against a
+plain-Python EAGLE-2 reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from specdraft.checks import check_int_range
+
+MAX_DEPTH, MAX_TOPK, MAX_VERIFY_TOKENS = 8, 8, 64
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """depth D (draft steps, 1..8), topk (children per expansion, 1..8) and
+    num_verify_tokens N (the tree the target verifies, root included, 2..64). N - 1
+    must not exceed the pool (topk + (D - 1) * topk**2 nodes): a tree cannot keep
+    more nodes than were drafted. topk = 1 with N = D + 1 is the chain."""
+
+    depth: int
+    topk: int
+    num_verify_tokens: int
+
+    def __post_init__(self) -> None:
+        check_int_range("depth", self.depth, 1, MAX_DEPTH)
+        check_int_range("topk", self.topk, 1, MAX_TOPK)
+        check_int_range("num_verify_tokens", self.num_verify_tokens, 2, MAX_VERIFY_TOKENS)
+        if self.num_verify_tokens - 1 > self.pool_size:
+            raise ValueError(
+                f"num_verify_tokens: {self.num_verify_tokens} needs {self.num_verify_tokens - 1} drafted nodes, but "
+                f"depth {self.depth} with topk {self.topk} drafts {self.pool_size} "
+                f"(topk + (depth - 1) * topk**2)"
+            )
+
+    @property
+    def pool_size(self) -> int:
+        return self.topk + (self.depth - 1) * self.topk**2
+
+
+class TreePool(NamedTuple):
+    """Every node drafted so far, per request: tokens, cumulative log-probabilities,
+    parents (pool index; -1 for the root), depths (1 for the root's children). [B, P]
+    each, P growing by topk**2 per step after the first."""
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+
+
+class Frontier(NamedTuple):
+    """The nodes the next step expands: their pool indices and scores, [B, topk]."""
+
+    index: torch.Tensor
+    scores: torch.Tensor
+
+
+class DraftTree(NamedTuple):
+    """The tree the target verifies, [B, N] (node 0 the root): tokens, parents (tree
+    index, -1 for the root), depths (0 for the root), cumulative draft
+    log-probabilities (0 for the root), and ancestors [B, N, N] bool (i sees j: j is
+    i or one of its ancestors)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+    ancestors: torch.Tensor
+
+
+def stable_top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k highest scores along the last dimension, the lower index first
+    among equal scores (torch.topk leaves ties unspecified)."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def expand_root(child_tokens: torch.Tensor, child_logprobs: torch.Tensor) -> tuple[TreePool, Frontier]:
+    """Step 0: the root's topk children ([B, topk] tokens and log-probabilities, in
+    rank order) start the pool, and all of them are the frontier."""
+    batch, topk = child_tokens.shape
+    index = torch.arange(topk, device=child_tokens.device).expand(batch, topk)
+    pool = TreePool(child_tokens.long(), child_logprobs.float(), torch.full_like(index, -1), torch.ones_like(index))
+    return pool, Frontier(index, pool.scores)
+
+
+def expand_frontier(
+    pool: TreePool, frontier: Frontier, child_tokens: torch.Tensor, child_logprobs: torch.Tensor
+) -> tuple[TreePool, Frontier]:
+    """A later step: each frontier node's topk children ([B, F, topk] tokens and
+    log-probabilities; row f belongs to frontier node f) join the pool with cumulative
+    scores, and the best topk of them become the next frontier."""
+    batch, num_frontier, topk = child_tokens.shape
+    scores = (frontier.scores[:, :, None] + child_logprobs.float()).reshape(batch, num_frontier * topk)
+    parents = frontier.index[:, :, None].expand(-1, -1, topk).reshape(batch, -1)
+    depth = pool.depths.gather(1, frontier.index[:, :1]) + 1  # every frontier node is at one depth
+    start = pool.tokens.shape[1]
+    pool = TreePool(
+        torch.cat([pool.tokens, child_tokens.long().reshape(batch, -1)], dim=1),
+        torch.cat([pool.scores, scores], dim=1),
+        torch.cat([pool.parents, parents], dim=1),
+        torch.cat([pool.depths, depth.expand(-1, num_frontier * topk)], dim=1),
+    )
+    best = stable_top(scores, topk)
+    return pool, Frontier(best + start, scores.gather(1, best))
+
+
+def select_tree(pool: TreePool, root_tokens: torch.Tensor, num_verify_tokens: int) -> DraftTree:
+    """The root plus the num_verify_tokens - 1 best pool nodes (score, then shallower,
+    then lower pool index), laid out by (depth, pool index)."""
+    batch, size = pool.tokens.shape
+    keep = num_verify_tokens - 1
+    device = pool.tokens.device
+    # The pool is laid out step by step, so a lower pool index is never deeper: one
+    # stable sort by score gives (score, then shallower, then pool index), and
+    # sorting the kept indices gives the (depth, pool index) layout.
+    kept = stable_top(pool.scores, keep).sort(dim=1).values
+    # Tree index of every pool node (-1: not kept), then each kept node's parent in it.
+    tree_index = torch.full((batch, size), -1, dtype=torch.long, device=device)
+    tree_index.scatter_(1, kept, torch.arange(1, keep + 1, device=device).expand(batch, keep))
+    pool_parents = pool.parents.gather(1, kept)
+    parents = torch.where(pool_parents < 0, 0, tree_index.gather(1, pool_parents.clamp(min=0)))
+    root = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    parents = torch.cat([root - 1, parents], dim=1)
+    tokens = torch.cat([root_tokens.long()[:, None], pool.tokens.gather(1, kept)], dim=1)
+    depths = torch.cat([root, pool.depths.gather(1, kept)], dim=1)
+    scores = torch.cat([root.float(), pool.scores.gather(1, kept)], dim=1)
+    return DraftTree(tokens, parents, depths, scores, ancestor_mask(parents))
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool: node j is node i or an ancestor of it, from parents [B, N]
+    (-1 for the root). The reflexive-transitive closure of "j is i's parent", by
+    squaring: after s squarings every path of up to 2**s steps is covered."""
+    batch, n = parents.shape
+    closure = torch.eye(n, device=parents.device).expand(batch, n, n).clone()
+    closure.scatter_(2, parents.clamp(min=0)[..., None], (parents >= 0).float()[..., None])
+    closure[:, 0, 0] = 1.0  # the root's "parent" write (-1 clamped to 0) landed on its own diagonal
+    for _ in range(max(1, (n - 1).bit_length())):
+        closure = ((closure @ closure) > 0).float()
+    return closure > 0
