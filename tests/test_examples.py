@@ -15,7 +15,6 @@ tests/training/test_evaluate.py's):
   trained, the evaluation is the library's own).
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -25,19 +24,14 @@ import torch
 from specdraft.assets import DEMO_PAIR
 from specdraft.eval import main as eval_main
 
+from fixtures.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 K = 2
 STEPS = 30
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("train_eagle3_head", ROOT / "examples" / "train_eagle3_head.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load_example()
+example = load_script("examples/train_eagle3_head.py")
 
 
 def test_loss_is_the_plain_loops():

@@ -20,6 +20,15 @@ def window_of(index: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return (ends[None, :] <= index[..., None]).sum(dim=-1)
 
 
+def sequence_of(index: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The packed sequence each index falls in: i where cu_seqlens[i] <= index <
+    cu_seqlens[i + 1]; -1 before cu_seqlens[0], S at or past cu_seqlens[-1] (callers
+    clamp as their contract says). Counted over all S + 1 bounds rather than in the S
+    ends cu_seqlens[1:]: that slice is size 1 for a single sequence, which a dynamic
+    graph specialises on, compiling a second graph at S = 2."""
+    return window_of(index, cu_seqlens) - 1
+
+
 def position_rows(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """positions[..., index] for 1-D [T] or M-RoPE [3, T] positions; index of any
     shape (the result has positions' leading dims, then index's shape)."""

@@ -382,13 +382,14 @@ def check_rejection_sample_values(
         # A sampled row's draft was drawn from draft_probs: probability 0 means the
         # probabilities are not the ones it was drawn from (an all-zero row, say).
         # Greedy rows read no draft_probs.
-        sampled = temperature.tolist()
-        for b, (row, n) in enumerate(zip(drafts, counts, strict=True)):
-            if not sampled[b] > 0:
-                continue
-            for j in range(n):
-                if not float(draft_probs[b, j, row[j]]) > 0:
-                    raise ValueError(
-                        f"draft_probs[{b}, {j}, {row[j]}] = {float(draft_probs[b, j, row[j]])}: drafted token "
-                        f"{row[j]} has no probability, so it cannot have been sampled from these draft_probs"
-                    )
+        steps = torch.arange(num_spec, device=draft_tokens.device)
+        drafted = (steps < num_draft_tokens[:, None]) & (temperature > 0)[:, None]
+        q = draft_probs.gather(2, draft_tokens.long().clamp(min=0)[..., None])[..., 0]
+        bad = torch.nonzero(drafted & ~(q > 0))
+        if bad.numel():
+            b, j = (int(i) for i in bad[0])
+            token = drafts[b][j]
+            raise ValueError(
+                f"draft_probs[{b}, {j}, {token}] = {float(q[b, j])}: drafted token {token} has no "
+                "probability, so it cannot have been sampled from these draft_probs"
+            )

@@ -10,7 +10,6 @@ script that trains it (scripts/train_demo_pair.py).
    target's greedy choice often (thresholds below, from the training run's numbers).
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -23,18 +22,13 @@ from specdraft.models import Eagle3Head, TinyTargetModel, default_aux_layers, lo
 from specdraft.models.target_loading import load_target_model
 from specdraft.proposers import EagleProposer
 
+from fixtures.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "src" / "specdraft" / "assets" / "demo_pair"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_demo_pair", ROOT / "scripts" / "train_demo_pair.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = load_script()
+train = load_script("scripts/train_demo_pair.py")
 
 
 # ------------------------------------------------------------------ dense == paged

@@ -40,7 +40,7 @@ from fixtures.unroll_batches import head_for, make_packed
 HEADS, KV_HEADS, DIM, NUM_DIAG = 6, 3, 16, 5
 
 
-def in_graph_attention(q, ctx_k, ctx_v, diag_k, diag_v, cu_seqlens):
+def in_graph_attention(q, ctx_k, ctx_v, diag_k, diag_v, cu_seqlens, backend="flex"):
     """The unroll's pattern: seq_id and diag_visible computed inside the graph."""
     num_rows = q.shape[1]
     layout = PackedLayout.from_cu_seqlens(cu_seqlens, num_rows)
@@ -49,17 +49,7 @@ def in_graph_attention(q, ctx_k, ctx_v, diag_k, diag_v, cu_seqlens):
     depth = torch.arange(diag_k.shape[0], device=q.device)[:, None]
     diag_visible = (rows[None, :] - layout.start[None, :] > depth)[None].expand(q.shape[0], -1, -1)
     return chain_attention(q, ctx_k, ctx_v, diag_k, diag_v, seq_id=layout.seq_id, ctx_offset=1,
-                           diag_visible=diag_visible, backend="flex")  # fmt: skip
-
-
-def dense_of(q, ctx_k, ctx_v, diag_k, diag_v, cu_seqlens):
-    num_rows = q.shape[1]
-    layout = PackedLayout.from_cu_seqlens(cu_seqlens, num_rows)
-    rows = torch.arange(num_rows)
-    depth = torch.arange(diag_k.shape[0])[:, None]
-    diag_visible = (rows[None, :] - layout.start[None, :] > depth)[None].expand(q.shape[0], -1, -1)
-    return chain_attention(q, ctx_k, ctx_v, diag_k, diag_v, seq_id=layout.seq_id, ctx_offset=1,
-                           diag_visible=diag_visible, backend="dense")  # fmt: skip
+                           diag_visible=diag_visible, backend=backend)  # fmt: skip
 
 
 def attention_inputs(lengths, seed):
@@ -81,7 +71,7 @@ def test_compiled_flex_attention_any_sequence_count(lengths):
     args = attention_inputs(lengths, len(lengths))
     with CompileCounts.measure() as counts, torch.no_grad():
         got = compiled(*args)
-    torch.testing.assert_close(got, dense_of(*args), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, in_graph_attention(*args, backend="dense"), atol=1e-5, rtol=1e-5)
     assert counts.graph_breaks == 0 and counts.compiles == 1
 
 

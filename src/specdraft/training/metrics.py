@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
-from specdraft.layout import window_of
+from specdraft.layout import sequence_of
 from specdraft.ops import vocab_metrics
 
 QUANTUM = 2.0**-24  # the grid per-pair values are rounded to: 2**53 * QUANTUM = 2**29 is the exact range
@@ -84,11 +84,8 @@ def _sequence_ends(cu_seqlens: torch.Tensor | None, positions: torch.Tensor, tot
     """[T] int64: the end (exclusive) of the sequence holding each position."""
     if cu_seqlens is None:
         return torch.full_like(positions, total)
-    # Counted over all S + 1 bounds rather than searched in the S ends: a slice of
-    # size S is size 1 for one sequence, which a dynamic graph specialises on, so a
-    # one-sequence first call compiled a second graph at S = 2.
     bounds = cu_seqlens.long()
-    seq = (window_of(positions, bounds) - 1).clamp(0, bounds.shape[0] - 2)
+    seq = sequence_of(positions, bounds).clamp(0, bounds.shape[0] - 2)
     return bounds.index_select(0, seq + 1)
 
 

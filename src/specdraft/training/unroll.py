@@ -47,7 +47,7 @@ from typing import NamedTuple
 import torch
 
 from specdraft.checks import INDEX_DTYPES, check_choice, check_int_range, check_tensor_arg
-from specdraft.layout import position_rows, window_of
+from specdraft.layout import position_rows, sequence_of
 from specdraft.models.heads import DraftHead
 from specdraft.training.attention import BACKENDS, chain_attention
 
@@ -83,12 +83,9 @@ class PackedLayout(NamedTuple):
     def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, num_tokens: int) -> PackedLayout:
         # Rows past cu_seqlens[-1] form one more sequence that ends at T, and every
         # index is clamped: unchecked values never read out of bounds.
-        # The count runs over all S + 1 entries (cu_seqlens[0] <= every row once
-        # clamped), not the S ends: a slice of size S would be size 1 for a single
-        # sequence, which a dynamic graph specialises on, compiling again at S = 2.
         rows = torch.arange(num_tokens, device=cu_seqlens.device)
         bounds = torch.cat([cu_seqlens.long(), rows.new_full((1,), num_tokens)]).clamp(0, num_tokens)
-        seq_id = (window_of(rows, bounds[:-1]) - 1).clamp(min=0)
+        seq_id = sequence_of(rows, bounds[:-1]).clamp(min=0)
         return cls(seq_id, bounds.index_select(0, seq_id), bounds.index_select(0, seq_id + 1))
 
     def shifted(self, offset: int) -> torch.Tensor:
