@@ -26,7 +26,6 @@ from specdraft.eval import main as eval_main
 
 from fixtures.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 2
 STEPS = 30
 
