@@ -13,11 +13,18 @@ Lanes, chosen by marker alone:
 
 import os
 
-import pytest
-import torch
-from hypothesis import HealthCheck, settings
+# Before torch starts CUDA: with SPECDRAFT_GPUS=N on a machine of N GPUs, xdist worker
+# gwK sees GPU K % N alone, so "cuda" in every test means that worker's GPU and the
+# suite spreads over the machine.
+if int(os.environ.get("SPECDRAFT_GPUS", "1")) > 1 and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(worker % int(os.environ["SPECDRAFT_GPUS"]))
 
-from fixtures.lanes import DEVICE, INTERPRETER
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from fixtures.lanes import DEVICE, INTERPRETER  # noqa: E402
 
 # ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
 settings.register_profile(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from specdraft.__main__ import (
     announce_first_call,
     check_device,
     check_safetensors,
+    is_bad_input,
     load_model_folder,
     model_folder,
     run_reporting_errors,
@@ -113,48 +115,113 @@ def check_shards(paths: list[Path], head) -> None:
 
 def main(argv=None, prog: str = "python -m specdraft.eval") -> int:
     args = parse_args(argv, prog)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports, naming the rank that failed
+        return quiet_on_bad_input(run, args)
     return run_reporting_errors(run, args)
 
 
+def quiet_on_bad_input(fn, *args) -> int:
+    try:
+        return fn(*args)
+    except Exception as error:
+        if not is_bad_input(error):
+            raise
+        return 2
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.plot is not None:  # before the evaluation, not after it
+    """One process, or one rank of `torchrun` (training.distributed): the rank's share
+    of the shards, the sums all-reduced, the report on rank 0."""
+    from specdraft.training.distributed import Ranks, init_process_group, rank_device, ranks_from_env
+
+    ranks = ranks_from_env()
+    if ranks is None:
+        return evaluate_and_report(args, Ranks(), check_device(args.device))
+    import torch.distributed as dist
+
+    device = rank_device(check_device(args.device), ranks)
+    init_process_group(device, ranks)
+    try:
+        return evaluate_and_report(args, ranks, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def check_writable(option: str, path: Path) -> None:
+    """An output path that can be written, checked before the evaluation: its folder
+    made, the file opened for appending (and removed again if it was not there)."""
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{option} {path}: cannot be written ({error.strerror or error})") from None
+    if not existed:
+        path.unlink()
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    if args.plot is not None:
         from specdraft.training.report import pyplot
 
         try:
             pyplot()
         except ModuleNotFoundError as error:
             raise ValueError(f"--plot: {error}") from None
+        check_writable("--plot", args.plot)
+    if args.json is not None:
+        check_writable("--json", args.json)
+
+
+def after_first(timing: dict) -> str:
+    """The steady rate after the first shard (the compile), where there is one."""
+    if timing["after_first_tokens"] <= 0 or timing["after_first_s"] <= 0:
+        return ""
+    return f"; after it: {timing['after_first_tokens'] / timing['after_first_s']:.0f} tokens/s"
+
+
+def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
+    from specdraft.training.distributed import all_ranks_or_none, all_reduce_timing, shard_tokens, share_shards
+    from specdraft.training.evaluate import DraftEvaluator, evaluate
+    from specdraft.training.metrics import finalize, reduce, zero_sums
+    from specdraft.training.report import format_table, plot_acceptance
     from specdraft.training.shards import shard_paths
 
-    paths = shard_paths(args.data)  # the cheap checks first
-    check_safetensors("DATA", paths)
-    device = check_device(args.device)
-
-    from specdraft.training.evaluate import DraftEvaluator, evaluate
-    from specdraft.training.metrics import finalize
-    from specdraft.training.report import format_table, plot_acceptance
-
-    head = load_head(args, device)
-    check_shards(paths, head)
-    evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
-                               divergence=args.divergence, compile=not args.eager)  # fmt: skip
-    if not args.eager and not args.no_progress:
+    with all_ranks_or_none(ranks, "setup"):
+        if ranks.is_main:  # the outputs and the cheap checks before the evaluation, not after it
+            check_outputs(args)
+        paths = shard_paths(args.data)
+        check_safetensors("DATA", paths)
+        mine = [paths[i] for i in share_shards([shard_tokens(p) for p in paths], ranks.world_size)[ranks.rank]]
+        head = load_head(args, device)
+        check_shards(paths, head)
+        evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
+                                   divergence=args.divergence, compile=not args.eager)  # fmt: skip
+    progress = ranks.is_main and not args.no_progress
+    if not args.eager and progress:
         evaluator.step = announce_first_call(evaluator.step, "the evaluation step", device)
-    sums, timing = evaluate(
-        evaluator, paths, max_batch_tokens=args.max_batch_tokens or None, progress=not args.no_progress
-    )
+    with all_ranks_or_none(ranks, "evaluate"):
+        if mine:
+            sums, timing = evaluate(evaluator, mine, max_batch_tokens=args.max_batch_tokens or None, progress=progress)
+        else:  # more ranks than shards
+            sums = zero_sums(args.steps, args.divergence, device)
+            timing = dict.fromkeys(("tokens", "seconds", "first_batch_s", "after_first_tokens", "after_first_s"), 0)
+    sums, timing = reduce(sums), all_reduce_timing(timing, device)
+    if not ranks.is_main:
+        return 0
     metrics = finalize(sums)
+    on = f", {ranks.world_size} ranks" if ranks.distributed else ""
     print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {args.steps}, "
-          f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}")  # fmt: skip
+          f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}{on}")  # fmt: skip
     print(format_table(metrics, sums, args.temperature))
     print(f"{timing['tokens_per_s']:.0f} tokens/s over {timing['seconds']:.1f} s "
-          f"(the first shard, compile included: {timing['first_batch_s']:.1f} s)")  # fmt: skip
+          f"(the first shard, compile included: {timing['first_batch_s']:.1f} s{after_first(timing)})")  # fmt: skip
     if args.plot is not None:
         print(f"wrote {plot_acceptance(metrics, args.plot, f'{args.head}, K = {args.steps}', args.temperature)}")
     if args.json is not None:
         record = {name: value.tolist() for name, value in metrics._asdict().items()}
         record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1))
         print(f"wrote {args.json}")
     return 0

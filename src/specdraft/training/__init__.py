@@ -3,7 +3,15 @@ acceptance metrics, both compiled with fullgraph and free of host syncs."""
 
 from specdraft.training.capture import capture_target_outputs
 from specdraft.training.evaluate import DraftEvaluator, evaluate
-from specdraft.training.metrics import DraftMetrics, DraftMetricSums, combine, draft_metrics, finalize, reduce
+from specdraft.training.metrics import (
+    DraftMetrics,
+    DraftMetricSums,
+    combine,
+    draft_metrics,
+    finalize,
+    reduce,
+    zero_sums,
+)
 from specdraft.training.report import format_table, plot_acceptance, plot_training_curve
 from specdraft.training.shards import (
     TargetBatch,
@@ -27,6 +35,7 @@ __all__ = [
     "draft_metrics",
     "finalize",
     "reduce",
+    "zero_sums",
     # saved target outputs, offline evaluation and its report
     "TargetBatch",
     "capture_target_outputs",

@@ -99,12 +99,13 @@ def evaluate(
     time onto the head's device). max_batch_tokens: split each batch into groups of
     whole sequences of at most that many rows (`split_batch`; the sums are the
     same, the dense attention's T^2 smaller). Returns (the exact sums, timing: tokens, seconds,
-    tokens_per_s, first_batch_s: the first batch's time, which holds the compile).
+    tokens_per_s, first_batch_s: the first batch's time, which holds the compile, and
+    after_first_tokens / after_first_s: the rest, the steady rate without the compile).
     The progress bar shows the running greedy acceptance length (a host read between
     batches, never inside the compiled step)."""
     items = list(batches)
     device = head_device(evaluator.head)
-    total, tokens, first_batch_s = None, 0, 0.0
+    total, tokens, first_batch_s, first_tokens = None, 0, 0.0, 0
     start = time.perf_counter()
     bar = tqdm(items, desc="evaluate", unit="batch", disable=not progress)
     for i, item in enumerate(bar):
@@ -114,12 +115,13 @@ def evaluate(
             total = sums if total is None else combine(total, sums)
         tokens += batch.num_tokens
         if i == 0:
-            first_batch_s = time.perf_counter() - start
+            first_batch_s, first_tokens = time.perf_counter() - start, tokens
         bar.set_postfix(tokens=tokens, acceptance=f"{float(finalize(total).acceptance_length):.3f}")
     if total is None:
         raise ValueError("batches: nothing to evaluate")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    timing = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "first_batch_s": first_batch_s}
+    timing = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "first_batch_s": first_batch_s,
+              "after_first_tokens": tokens - first_tokens, "after_first_s": seconds - first_batch_s}  # fmt: skip
     return total, timing

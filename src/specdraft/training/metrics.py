@@ -173,6 +173,15 @@ def combine(a: DraftMetricSums, b: DraftMetricSums) -> DraftMetricSums:
     return DraftMetricSums(*(x + y for x, y in zip(a, b, strict=True)))
 
 
+def zero_sums(num_steps: int, divergence: bool = False, device: torch.device | str = "cpu") -> DraftMetricSums:
+    """The sums of no data, shaped as `draft_metrics` returns them for num_steps
+    (what a rank with nothing to evaluate contributes to `reduce`)."""
+    steps = torch.zeros(num_steps, dtype=torch.float64, device=device)
+    divergences = torch.zeros(num_steps if divergence else 0, dtype=torch.float64, device=device)
+    return DraftMetricSums(steps, steps.clone(), steps.clone(), steps.clone(), steps.new_zeros(()),
+                           divergences, divergences.clone())  # fmt: skip
+
+
 def reduce(sums: DraftMetricSums, group=None) -> DraftMetricSums:
     """All-reduce (sum) every field across the ranks of `group` in one collective:
     the fields are flattened into one float64 buffer. Outside torch.distributed (not
