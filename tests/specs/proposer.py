@@ -52,3 +52,25 @@ def oracle_propose(model, batch, num_speculative_tokens, *, rejected=None, greed
             hidden = torch.cat([hidden, h_next[-1:]])
         out.append(tokens)
     return out
+
+
+def oracle_path_logprobs(model, batch, b, path):
+    """Draft log-probabilities over the draft vocabulary after each prefix of `path`
+    (forced target ids following request b's next token), each recomputed from
+    scratch as a chain: [len(path) + 1, Vd], row 0 the root's."""
+    qsl = batch.metadata.query_start_loc.tolist()
+    start, stop = qsl[b], qsl[b + 1]
+    ids = batch.target_token_ids[start:stop].tolist()[1:] + [int(batch.next_token_ids[b])]
+    input_ids = torch.tensor(ids, dtype=torch.int32)
+    positions = batch.target_positions[..., start:stop]
+    hidden = model.combine_hidden_states(batch.target_hidden_states[start:stop])
+    rows = []
+    for step in range(len(path) + 1):
+        h_sample, h_next = run_sequence(model, input_ids, positions, hidden, spec_step_idx=step)
+        rows.append(torch.log_softmax(model.draft_logits(h_sample[-1:], step).float(), -1)[0])
+        if step == len(path):
+            break
+        input_ids = torch.cat([input_ids, torch.tensor([path[step]], dtype=torch.int32)])
+        positions = torch.cat([positions, positions[..., -1:] + 1], dim=-1)
+        hidden = torch.cat([hidden, h_next[-1:]])
+    return torch.stack(rows)

@@ -102,3 +102,75 @@ def paged_attention(
     probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
     out = torch.einsum("bhgql,blhd->bqhgd", probs, values).reshape(num_reqs, max_query_len, heads, dim)
     return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)
+
+
+def _attend_visible(q, keys, values, visible, scale):
+    """q [B, Q, kv_heads, group, D] over keys / values [B, L, kv_heads, D] where
+    visible [B, Q, L]: [B, Q, kv_heads * group, D] fp32. Masked keys and values are
+    zeroed first (an unwritten slot may hold NaN, and 0 * NaN would leak)."""
+    real = visible.any(1)[:, :, None, None]
+    keys, values = torch.where(real, keys, 0).float(), torch.where(real, values, 0).float()
+    scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
+    scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
+    probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, values)
+    return out.reshape(*out.shape[:2], -1, out.shape[-1])
+
+
+def _grouped(query, kv_heads):
+    batch, num_queries, heads, dim = query.shape
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a multiple of the cache's kv_heads ({kv_heads})")
+    return query.view(batch, num_queries, kv_heads, heads // kv_heads, dim)
+
+
+def prefix_and_tree_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seq_len: int,
+    tree_keys: torch.Tensor,
+    tree_values: torch.Tensor,
+    tree_visible: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Draft-tree attention: query [B, Q, heads, D], Q tree nodes of each request fed
+    at once. Every node sees its request's first seq_lens keys in the paged cache
+    (the prefix, the tree's root last) and the tree keys / values [B, M, kv_heads, D]
+    that tree_visible [B, Q, M] marks (its ancestors and itself): one softmax over
+    both. The tree's keys stay out of the paged cache, so nothing a chain would read
+    is written. Returns [B, Q, heads, D] in query.dtype."""
+    check_kv_cache("kv_cache", kv_cache)
+    dim = query.shape[-1]
+    scale = dim**-0.5 if scale is None else scale
+    key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
+    prefix = (key_pos[None, :] < seq_lens.to(torch.int64)[:, None])[:, None, :].expand(-1, query.shape[1], -1)
+    visible = torch.cat([prefix, tree_visible], dim=2)
+    keys, values = torch.cat([keys, tree_keys], dim=1), torch.cat([values, tree_values], dim=1)
+    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale).to(query.dtype)
+
+
+def paged_tree_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seq_len: int,
+    ancestors: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Target verify of a draft tree on the paged cache: query [B, N, heads, D], node
+    i of request b at sequence index prefix_lens[b] + i, where its key already is
+    (write_kv_cache first). Node i sees the request's first prefix_lens keys and the
+    tree nodes j with ancestors[b, i, j] (itself and its ancestors). max_seq_len
+    bounds prefix_lens + N. Returns [B, N, heads, D] in query.dtype."""
+    check_kv_cache("kv_cache", kv_cache)
+    num_nodes, dim = query.shape[1], query.shape[-1]
+    scale = dim**-0.5 if scale is None else scale
+    key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
+    offset = key_pos[None, :] - prefix_lens.to(torch.int64)[:, None]  # [B, L]: tree index of key l
+    in_tree = (offset >= 0) & (offset < num_nodes)
+    node = offset.clamp(0, num_nodes - 1)[:, None, :].expand(-1, num_nodes, -1)
+    visible = (offset < 0)[:, None, :] | (in_tree[:, None, :] & ancestors.gather(2, node))
+    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale).to(query.dtype)

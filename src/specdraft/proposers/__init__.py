@@ -10,6 +10,8 @@ from specdraft.proposers.eagle import EagleProposer
 from specdraft.proposers.loop import DraftOutput, DraftSampler, StepState
 from specdraft.proposers.multi_group import GroupedBatchMetadata, MultiGroupMTPProposer
 from specdraft.proposers.multi_layer import MultiLayerEagleProposer
+from specdraft.proposers.tree import TreeDraftOutput
+from specdraft.proposers.tree_build import DraftTree, TreeShape
 
 __all__ = [
     "AutoregressiveSpeculator",
@@ -23,4 +25,7 @@ __all__ = [
     "MultiLayerEagleProposer",
     "Proposer",
     "StepState",
+    "DraftTree",
+    "TreeDraftOutput",
+    "TreeShape",
 ]

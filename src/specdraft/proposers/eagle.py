@@ -31,6 +31,8 @@ from specdraft.proposers.loop import (
     static_min,
     step_counter,
 )
+from specdraft.proposers.tree import TreeDraftOutput, draft_tree
+from specdraft.proposers.tree_build import TreeShape
 
 
 def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
@@ -101,6 +103,36 @@ class EagleProposer(Proposer):
             advance=functools.partial(advance, block_size=self.config.block_size,
                                       max_model_len=self.config.max_model_len),
         )  # fmt: skip
+
+    @torch.no_grad()
+    def propose_tree(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        metadata: BatchMetadata,
+        shape: TreeShape,
+        *,
+        token_indices_to_sample: torch.Tensor | None = None,
+        num_rejected_tokens: torch.Tensor | None = None,
+        return_logprobs: bool = False,
+    ) -> TreeDraftOutput:
+        """An EAGLE-2 draft tree per request (specdraft.proposers.tree): the same
+        window arguments as `propose`, then shape (depth, topk, num_verify_tokens).
+        EAGLE-1 and EAGLE-3 heads; MTP heads draft chains only. The tree's children
+        are the draft's topk likeliest tokens, so there is no sampling to seed."""
+        if self.config.method == "mtp" or self.model.draft_loop != "eagle":
+            raise ValueError(f"draft trees need an EAGLE-1 or EAGLE-3 head; method {self.config.method!r} drafts "
+                             "chains only (propose)")  # fmt: skip
+        if not isinstance(shape, TreeShape):
+            raise ValueError(f"shape must be a TreeShape(depth, topk, num_verify_tokens), got {type(shape).__name__}")
+        window = self.checked_window(
+            TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                         token_indices_to_sample, num_rejected_tokens),
+            None,
+        )  # fmt: skip
+        return draft_tree(self.model, self.kv_caches, self.config, window, shape, return_logprobs=return_logprobs)
 
     @torch.no_grad()
     def propose_parallel(

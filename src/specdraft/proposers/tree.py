@@ -1,0 +1,158 @@
+"""EAGLE-2 tree drafting with exact draft attention, in static shapes.
+
+    draft_tree   first_pass -> expand_root -> (depth - 1) x [feed_frontier -> expand_frontier] -> select_tree
+
+The first pass is the chain's (`loop.first_pass`): the draft over the target's
+window, ending on the root (the token the target emitted last). The root's logits
+give its topk children (tree_build.expand_root). Each later step feeds the topk
+frontier nodes of every request at once, B * topk rows, each at position root + its
+depth, with the hidden state its parent's forward produced (what a chain feeds).
+
+Draft attention is exact: a node sees its request's prefix in the paged cache (the
+root's key last, written by the first pass) and the keys of its own ancestors and
+itself, nothing else. The fed nodes' keys go to a per-call buffer [B, (depth - 1) *
+topk, kv_heads, head_dim] (step s, lane f at (s - 1) * topk + f), never to the paged
+cache, so no slot a chain or another request reads is written; a node's visible
+buffer entries are its parent's plus its own. So every node's logits are those of
+drafting its root-to-node path as a chain (tests/proposers/test_tree_draft.py).
+
+Shapes are fixed by (B, depth, topk, num_verify_tokens); no host sync.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specdraft.config import SpeculativeConfig
+from specdraft.layout import position_rows
+from specdraft.models.attention import prefix_and_tree_attention
+from specdraft.proposers.loop import (
+    TargetWindow,
+    clamp_ids,
+    first_pass,
+    sample_rows,
+    shift_input_ids,
+)
+from specdraft.proposers.tree_build import (
+    DraftTree,
+    TreePool,
+    TreeShape,
+    expand_frontier,
+    expand_root,
+    select_tree,
+    stable_top,
+)
+
+
+class TreeDraftOutput(NamedTuple):
+    """tree: the DraftTree the target verifies ([B, N]; tokens in the target
+    vocabulary, node 0 the root = next_token_ids). With return_logprobs, the draft
+    log-probabilities behind it, over the draft vocabulary: root_logprobs [B, Vd] (the
+    root's forward) and frontier_logprobs [B, depth - 1, topk, Vd] (the forward of the
+    node fed at step s, lane f, whose pool index is frontier_index [B, depth - 1, topk])
+    and the whole pool the tree was selected from (tree_build.TreePool); else None."""
+
+    tree: DraftTree
+    root_logprobs: torch.Tensor | None = None
+    frontier_logprobs: torch.Tensor | None = None
+    frontier_index: torch.Tensor | None = None
+    pool: TreePool | None = None
+
+
+def top_children(logits: torch.Tensor, topk: int, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target ids, log-probabilities, all log-probabilities) of the topk likeliest
+    draft tokens of every row: fp32 log-softmax over the draft vocabulary, ties to
+    the lower draft id (the lower target id too: a draft-to-target map is increasing)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = stable_top(logprobs, topk)
+    return model.draft_to_target(ids), logprobs.gather(-1, ids), logprobs
+
+
+def node_positions(root_positions: torch.Tensor, depth: int, count: int, max_model_len: int) -> torch.Tensor:
+    """Rotary positions of `count` nodes per request at `depth` below the root: the
+    root's + depth on every row (M-RoPE: [3, B * count]), clamped below
+    max_model_len (a node past it can never be accepted; the clamp keeps its rotary
+    lookup in range)."""
+    rows = (root_positions + depth).clamp(max=max_model_len - 1)
+    return rows.repeat_interleave(count, dim=-1)
+
+
+def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffers: dict, visible, metadata, seq_lens):
+    """One tree step: the frontier's B * topk nodes through the head's step layer,
+    their keys into the step's buffer slots, attention over prefix + visible buffer.
+    Returns (hidden for sampling, hidden for the next step), [B * topk, H] each."""
+    batch, topk = tokens.shape
+    layer, cache = model.step_layer(step), model.kv_layer(step)
+    emb = model.embed_input_ids(clamp_ids(tokens.reshape(-1), model.config.vocab_size))
+    attn_input, residual = model.step_input(layer, emb, model.step_hidden(hidden).to(emb.dtype), positions)
+    q, k, v = layer.self_attn.project(positions, attn_input)
+    keys, values = buffers[cache]
+    lanes = slice((step - 1) * topk, step * topk)
+    keys, values = keys.clone(), values.clone()  # out of place: the buffers are graph values, not state
+    keys[:, lanes] = k.view(batch, topk, *k.shape[1:])
+    values[:, lanes] = v.view(batch, topk, *v.shape[1:])
+    buffers[cache] = keys, values
+    out = prefix_and_tree_attention(
+        q.view(batch, topk, *q.shape[1:]), kv_caches[cache], seq_lens, metadata.block_table, metadata.max_seq_len,
+        keys, values, visible,
+    )  # fmt: skip
+    h = layer.finish(out.reshape(batch * topk, *out.shape[2:]), residual)
+    return model.step_outputs(layer, h)
+
+
+def empty_buffers(model, kv_caches, batch: int, slots: int) -> dict:
+    """Zeroed key / value buffers [B, slots, kv_heads, head_dim] per KV layer the tree steps use."""
+    shape = (batch, slots, model.config.num_kv_heads, model.config.head_dim)
+    caches = {model.kv_layer(step) for step in range(1, max(2, slots + 1))}
+    return {i: (kv_caches[i].new_zeros(shape), kv_caches[i].new_zeros(shape)) for i in caches if i < len(kv_caches)}
+
+
+def draft_tree(
+    model, kv_caches, config: SpeculativeConfig, window: TargetWindow, shape: TreeShape, *,
+    return_logprobs: bool = False,
+) -> TreeDraftOutput:  # fmt: skip
+    """The EAGLE-2 tree of every request (module docstring). window.metadata's
+    max_seq_len is resolved (Proposer.checked_window)."""
+    metadata, positions = window.metadata, window.positions
+    batch, topk = metadata.num_reqs, shape.topk
+    sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
+    input_ids = clamp_ids(shift_input_ids(window.token_ids, window.next_token_ids, sample_index),
+                          model.config.vocab_size)  # fmt: skip
+    hidden_states = model.combine_hidden_states(window.hidden_states)
+    h_sample, h_next = first_pass(model, kv_caches, input_ids, positions, hidden_states, metadata, sample_index)
+    tokens, logprobs, root_logprobs = top_children(model.draft_logits(h_sample, 0), topk, model)
+    pool, frontier = expand_root(tokens, logprobs)
+
+    root_positions = position_rows(positions, sample_index)
+    slots = (shape.depth - 1) * topk
+    buffers = empty_buffers(model, kv_caches, batch, slots)
+    hidden = h_next.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
+    ancestry = torch.zeros(batch, topk, slots, dtype=torch.bool, device=h_next.device)  # buffer entries seen
+    lane = torch.arange(topk, device=h_next.device)
+    step_logprobs, step_index = [], []
+    for step in range(1, shape.depth):
+        fed = pool.tokens.gather(1, frontier.index)
+        visible = ancestry.clone()
+        visible[:, lane, (step - 1) * topk + lane] = True  # each node sees itself
+        node_pos = node_positions(root_positions, step, topk, config.max_model_len)
+        h_sample, h_next = feed_frontier(model, kv_caches, fed, hidden, node_pos, step, buffers, visible, metadata,
+                                         seq_lens)  # fmt: skip
+        children, child_logprobs, all_logprobs = top_children(model.draft_logits(h_sample, step), topk, model)
+        if return_logprobs:
+            step_logprobs.append(all_logprobs.view(batch, topk, -1))
+            step_index.append(frontier.index)
+        start = pool.tokens.shape[1]
+        pool, frontier = expand_frontier(pool, frontier, children.view(batch, topk, topk),
+                                         child_logprobs.view(batch, topk, topk))  # fmt: skip
+        parent_lane = (frontier.index - start) // topk  # [B, topk]: the fed lane each new frontier node came from
+        hidden = h_next.view(batch, topk, -1).gather(1, parent_lane[:, :, None].expand(-1, -1, h_next.shape[-1]))
+        hidden = hidden.reshape(batch * topk, -1)
+        ancestry = visible.gather(1, parent_lane[:, :, None].expand(-1, -1, slots))
+    tree = select_tree(pool, window.next_token_ids, shape.num_verify_tokens)
+    if not return_logprobs:
+        return TreeDraftOutput(tree)
+    frontier_logprobs = torch.stack(step_logprobs, 1) if step_logprobs else root_logprobs.new_zeros(batch, 0, topk, 0)
+    frontier_index = torch.stack(step_index, 1) if step_index else pool.tokens.new_zeros(batch, 0, topk)
+    return TreeDraftOutput(tree, root_logprobs, frontier_logprobs, frontier_index, pool)
