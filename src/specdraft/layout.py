@@ -62,6 +62,18 @@ class BatchMetadata:
         return self.seq_lens.shape[0]
 
 
+@dataclass
+class TreeBatchMetadata(BatchMetadata):
+    """A target verify pass over a draft tree: N nodes per request (max_query_len =
+    N, every query length N), node i of request b at sequence index prefix_lens[b] +
+    i (its KV slot), seeing the request's first prefix_lens[b] keys and the nodes j
+    with ancestors[b, i, j] (itself and its ancestors). Attention layers take this
+    type to mean tree attention (models.attention.paged_tree_attention)."""
+
+    prefix_lens: torch.Tensor | None = None  # [B] int64
+    ancestors: torch.Tensor | None = None  # [B, N, N] bool
+
+
 def resolve_max_seq_len(max_seq_len, block_table: torch.Tensor, block_size: int):
     """max_seq_len as given, or for None the block table's reach (width x block
     size): the one place that default is decided (attention and the proposers)."""

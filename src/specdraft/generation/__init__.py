@@ -26,6 +26,7 @@ from specdraft.config import SamplingParams
 from .decoder import GenerationResult, SpeculativeDecoder, Verified, num_kv_blocks
 from .state import DecodeState, Requests, commit
 from .stats import GenerationStats
+from .tree_decoder import TreeDecodeState, TreeSpeculativeDecoder
 
 __all__ = [
     "DecodeState",
@@ -33,6 +34,8 @@ __all__ = [
     "GenerationStats",
     "Requests",
     "SpeculativeDecoder",
+    "TreeDecodeState",
+    "TreeSpeculativeDecoder",
     "Verified",
     "commit",
     "generate",

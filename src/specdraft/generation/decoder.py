@@ -181,6 +181,10 @@ class SpeculativeDecoder:
         state = initial_state(first[:, 0], prompt_lens, requests, self.k, width)
         if self.proposer is None:
             return state
+        return self.draft_after_prefill(state, token_ids, positions, draft_hidden, metadata, requests)
+
+    def draft_after_prefill(self, state: DecodeState, token_ids, positions, draft_hidden, metadata, requests):
+        """The draft's first propose, over the prompts, from each request's first token."""
         out = self.proposer.propose(token_ids, positions, draft_hidden, state.last_tokens, metadata, requests.sampling)
         return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
 

@@ -81,7 +81,7 @@ def owned_copy(state: DecodeState) -> DecodeState:
     (kilobytes, plus draft_probs [B, K, V] with probabilistic drafts), outside the
     graph."""
     fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
-    return DecodeState(**{name: None if t is None else t.clone() for name, t in fields.items()})
+    return type(state)(**{name: None if t is None else t.clone() for name, t in fields.items()})
 
 
 def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative_tokens: int, width: int):

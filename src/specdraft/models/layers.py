@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.attention import paged_attention
+from specdraft.layout import TreeBatchMetadata
+from specdraft.models.attention import paged_attention, paged_tree_attention
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.kv_cache import write_kv_cache
 from specdraft.models.rope import RotaryEmbedding
@@ -113,8 +114,17 @@ class SelfAttention(nn.Module):
         q, k, v = self.project(positions, x)
         write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
         m = attn_metadata
+        if isinstance(m, TreeBatchMetadata):  # a target verify pass over draft trees
+            return self.attend_tree(q, kv_cache, m.prefix_lens, m.block_table, m.max_seq_len, m.ancestors)
         # The metadata goes into the region as tensors and the Python ints that fix its shapes.
         return self.attend(q, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len, m.max_seq_len)
+
+    def attend_tree(self, q, kv_cache, prefix_lens, block_table, max_seq_len, ancestors) -> torch.Tensor:
+        """o_proj of tree attention: q [B * N, heads, D], N nodes per request."""
+        batch, num_nodes = ancestors.shape[:2]
+        out = paged_tree_attention(q.view(batch, num_nodes, *q.shape[1:]), kv_cache, prefix_lens, block_table,
+                                   max_seq_len, ancestors)  # fmt: skip
+        return self.output(out.reshape(batch * num_nodes, *out.shape[2:]))
 
     @compile_region
     def attend(self, q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len) -> torch.Tensor:

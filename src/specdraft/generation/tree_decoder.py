@@ -1,0 +1,226 @@
+"""Speculative decoding with EAGLE-2 draft trees: one iteration is
+
+    verify_tree   the target over the N tree nodes of every request (ancestor mask, paged KV)
+    walk          the longest root-to-leaf path the target agrees with, and the bonus token after it
+    commit        the path's KV moved to the slots a chain would have written; the state's commit
+    draft         propose_tree over the accepted path (padded to depth + 1 rows)
+
+all tensors, static in (B, depth, topk, N), no host sync: `torch.compile(decoder.iteration,
+fullgraph=True)` traces it whole, as for chains (decoder.py).
+
+KV layout. Between iterations a request's target cache holds its first `lens` tokens.
+A verify pass writes node i's KV at sequence index lens + i (node order: parents
+first, by depth). The accepted path's node at depth d (d = 1 .. accepted) moves from
+lens + its index to lens + d, so the cache holds exactly what a chain of those
+tokens would have written; rejected nodes' KV lies past the new lens, where nothing
+reads it and the next pass overwrites it. The draft's cache needs no move: its first
+pass rewrites the path's positions.
+
+Greedy verification is lossless: the emitted tokens are the target's argmax chain
+(every accepted node equals the target's argmax at its parent; the bonus token is
+the argmax at the deepest accepted node), so the output is target-only greedy
+decoding token for token (tests/generation/test_tree_greedy.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from specdraft.layout import TreeBatchMetadata
+from specdraft.models.kv_cache import flat_slots
+from specdraft.proposers.tree_build import TreeShape, ancestor_mask
+
+from . import checks
+from .decoder import SpeculativeDecoder
+from .state import DecodeState, Requests, commit
+from .verify import slots_of, window_batch
+
+
+@dataclass
+class TreeDecodeState(DecodeState):
+    """DecodeState with a tree instead of a chain: drafts [B, N - 1] are the tree's
+    nodes 1 .. N - 1 (node 0, the root, is last_tokens); tree_parents / tree_depths
+    [B, N] int64 (tree_build.DraftTree's); accepted [depth] counts passes per accepted
+    depth; sibling_ranks [topk] int64 counts accepted nodes by their rank among their
+    siblings (0: the draft's likeliest child)."""
+
+    tree_parents: torch.Tensor | None = None
+    tree_depths: torch.Tensor | None = None
+    sibling_ranks: torch.Tensor | None = None
+
+
+class TreeVerified(NamedTuple):
+    """What the draft half needs from the verify half: the accepted path of every
+    request as a window of depth + 1 rows (root, accepted nodes, then padding)."""
+
+    token_ids: torch.Tensor  # [B * (depth + 1)] int32
+    positions: torch.Tensor  # [B * (depth + 1)] int64
+    hidden_states: torch.Tensor  # [B * (depth + 1), H]: what the draft reads at the path's nodes
+    counts: torch.Tensor  # [B] int64: accepted drafts
+    bonus: torch.Tensor  # [B] int32: the target's token after the path
+    lens: torch.Tensor  # [B] int64, before this pass
+
+
+class TreeWalk(NamedTuple):
+    path: torch.Tensor  # [B, depth + 1] int64: node index at each depth of the accepted path (0 past it)
+    counts: torch.Tensor  # [B] int64: accepted drafts (the path's depth)
+    tokens: torch.Tensor  # [B, depth + 1] int32: the accepted drafts, the bonus token, then -1
+    accepted: torch.Tensor  # [B, N] bool: nodes on the accepted path (the root included)
+
+
+def greedy_walk(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                ancestors: torch.Tensor, depth: int) -> TreeWalk:  # fmt: skip
+    """Greedy tree verification. logits [B, N, V] the target's at every node; a node
+    is accepted when it and every ancestor equal the target's argmax at their parent
+    (ties: the lowest id). Siblings are distinct tokens, so the accepted nodes form
+    one path from the root."""
+    target = logits.argmax(dim=-1)  # [B, N]
+    match = (parents < 0) | (tokens.long() == target.gather(1, parents.clamp(min=0)))
+    accepted = ~(ancestors & ~match[:, None, :]).any(dim=-1)
+    counts = torch.where(accepted, depths, 0).amax(dim=1)
+    levels = torch.arange(depth + 1, device=logits.device)
+    at_level = accepted[:, :, None] & (depths[:, :, None] == levels)  # [B, N, depth + 1]
+    nodes = torch.arange(tokens.shape[1], device=logits.device)
+    path = (at_level.long() * nodes[None, :, None]).sum(dim=1)
+    bonus = target.gather(1, path.gather(1, counts[:, None]))[:, 0]
+    drafted = tokens.long().gather(1, path[:, 1:])  # [B, depth]: the path's tokens below the root
+    emitted = torch.cat([drafted, drafted[:, :1]], dim=1)
+    emitted = torch.where(levels < counts[:, None], emitted, torch.where(levels == counts[:, None], bonus[:, None], -1))
+    return TreeWalk(path, counts, emitted.to(torch.int32), accepted)
+
+
+def move_path_kv(caches, path, counts, lens, block_table, block_size: int) -> None:
+    """Each cache's KV of the accepted path's node at depth d (index path[d], at
+    sequence index lens + path[d]) copied to lens + d, for d = 1 .. counts; other
+    depths copy a slot onto itself. All sources are read before any write, and a
+    destination lens + d (d <= counts) is never a later node's source (a node at
+    depth d has index >= d)."""
+    depth = path.shape[1] - 1
+    levels = torch.arange(1, depth + 1, device=path.device)
+    moved = levels[None, :] <= counts[:, None]
+    rows = torch.arange(path.shape[0], device=path.device)[:, None].expand(-1, depth)
+    src = slots_of(lens[:, None] + torch.where(moved, path[:, 1:], levels), rows, block_table, block_size).reshape(-1)
+    dst = slots_of(lens[:, None] + levels, rows, block_table, block_size).reshape(-1)
+    for cache in caches:
+        flat = flat_slots(cache)
+        flat.index_copy_(1, dst, flat.index_select(1, src))
+
+
+def sibling_rank(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N]: each node's rank among its siblings (nodes are laid out in the draft's
+    order within a parent: the rank among its children by draft probability)."""
+    n = parents.shape[1]
+    earlier = torch.arange(n, device=parents.device)[None, :] < torch.arange(n, device=parents.device)[:, None]
+    return ((parents[:, :, None] == parents[:, None, :]) & earlier[None]).sum(dim=-1)
+
+
+class TreeSpeculativeDecoder(SpeculativeDecoder):
+    """SpeculativeDecoder with EAGLE-2 draft trees (module docstring): `tree` is a
+    TreeShape (depth, topk, num_verify_tokens); `proposer` an EagleProposer with an
+    EAGLE-1 or EAGLE-3 head. The KV caches (target and draft) need
+    num_kv_blocks(B, max_model_len, num_verify_tokens - 1, block_size) blocks: a pass
+    writes N nodes past a request's length. Greedy verification (every temperature
+    0); sampled tree verification is not here yet, and asking for it is an error."""
+
+    def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
+        if not isinstance(tree, TreeShape):
+            raise ValueError(f"tree must be a TreeShape(depth, topk, num_verify_tokens), got {type(tree).__name__}")
+        if proposer is None or not hasattr(proposer, "propose_tree"):
+            raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head)")
+        if proposer.config.method not in ("eagle", "eagle3"):
+            raise ValueError(f"proposer: draft trees need an EAGLE-1 or EAGLE-3 head, got method "
+                             f"{proposer.config.method!r}")  # fmt: skip
+        self.tree = tree
+        super().__init__(target, proposer, **kwargs)
+        self.k = tree.depth  # accepted drafts per pass, at most: the statistics' positions
+        self.blocks_per_request = checks.blocks_per_request(self.max_model_len, tree.num_verify_tokens - 1,
+                                                            self.block_size)  # fmt: skip
+        self.reach = self.blocks_per_request * self.block_size
+
+    def requests(self, prompts, max_new_tokens, sampling, eos_token_id) -> tuple[list[torch.Tensor], Requests]:
+        prompts, requests = super().requests(prompts, max_new_tokens, sampling, eos_token_id)
+        if not requests.all_greedy:
+            raise ValueError("sampling: tree decoding verifies greedily; every temperature must be 0")
+        return prompts, requests
+
+    # ------------------------------------------------------------------ drafting
+
+    def draft_after_prefill(self, state: DecodeState, token_ids, positions, draft_hidden, metadata, requests):
+        out = self.proposer.propose_tree(token_ids, positions, draft_hidden, state.last_tokens, metadata, self.tree)
+        return self.with_tree(state, out.tree, torch.zeros(self.tree.topk, dtype=torch.int64,
+                                                           device=state.lens.device))  # fmt: skip
+
+    @staticmethod
+    def with_tree(state: DecodeState, tree, sibling_ranks) -> TreeDecodeState:
+        """The state carrying `tree` as its drafts (a TreeDecodeState made from the
+        prefill's DecodeState eagerly; inside the compiled iteration, a replace)."""
+        drafts = tree.tokens[:, 1:].to(torch.int32).contiguous()
+        if isinstance(state, TreeDecodeState):
+            return dataclasses.replace(state, drafts=drafts, tree_parents=tree.parents, tree_depths=tree.depths,
+                                       sibling_ranks=sibling_ranks)  # fmt: skip
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(DecodeState)}
+        return TreeDecodeState(**(fields | {"drafts": drafts}), tree_parents=tree.parents, tree_depths=tree.depths,
+                               sibling_ranks=sibling_ranks)  # fmt: skip
+
+    def draft(self, state: TreeDecodeState, verified: TreeVerified, requests: Requests) -> TreeDecodeState:
+        """propose_tree over each request's accepted path: rows 0 .. counts are the
+        root and the accepted nodes, the rest padding (num_rejected_tokens); the
+        bonus token is the next token."""
+        width = self.tree.depth + 1
+        _, metadata = window_batch(verified.lens, width, requests.block_table, self.block_size, self.reach)
+        rows = torch.arange(verified.lens.shape[0], device=verified.lens.device) * width
+        out = self.proposer.propose_tree(
+            verified.token_ids, verified.positions, verified.hidden_states, verified.bonus, metadata, self.tree,
+            token_indices_to_sample=(rows + verified.counts).to(torch.int32),
+            num_rejected_tokens=(self.tree.depth - verified.counts).to(torch.int32),
+        )  # fmt: skip
+        return self.with_tree(state, out.tree, state.sibling_ranks)
+
+    # ------------------------------------------------------------------ verifying
+
+    def verify(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, TreeVerified]:
+        """The target over every request's tree, the greedy walk, the KV move and the commit."""
+        n, depth = self.tree.num_verify_tokens, self.tree.depth
+        num_reqs, device = state.lens.shape[0], state.lens.device
+        tokens = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)  # [B, N]
+        ancestors = ancestor_mask(state.tree_parents)
+        rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
+        seq_index = state.lens[:, None] + torch.arange(n, device=device)
+        positions = state.lens[:, None] + state.tree_depths
+        metadata = TreeBatchMetadata(
+            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
+            seq_lens=(state.lens + n).to(torch.int32),
+            block_table=requests.block_table,
+            slot_mapping=slots_of(seq_index, rows, requests.block_table, self.block_size).reshape(-1),
+            max_query_len=n,
+            max_seq_len=self.reach,
+            prefix_lens=state.lens,
+            ancestors=ancestors,
+        )
+        hidden, draft_hidden = self.run_target(tokens.reshape(-1).to(torch.int32), positions.reshape(-1), metadata)
+        logits = self.target.compute_logits(hidden).view(num_reqs, n, -1)
+        walk = greedy_walk(logits, tokens, state.tree_parents, state.tree_depths, ancestors, depth)
+        move_path_kv(self.target_kv_caches, walk.path, walk.counts, state.lens, requests.block_table, self.block_size)
+        active = ~state.done
+        ranks = sibling_rank(state.tree_parents)
+        counted = walk.accepted & (state.tree_parents >= 0) & active[:, None]
+        rank_counts = torch.zeros_like(state.sibling_ranks).index_add_(
+            0, ranks.reshape(-1).clamp(max=self.tree.topk - 1), counted.reshape(-1).long()
+        )
+        committed = commit(state, walk.tokens, walk.counts.to(torch.int32), requests)
+        committed = dataclasses.replace(committed, sibling_ranks=state.sibling_ranks + rank_counts)
+        width = depth + 1
+        hidden_rows = (torch.arange(num_reqs, device=device)[:, None] * n + walk.path).reshape(-1)
+        verified = TreeVerified(
+            token_ids=tokens.gather(1, walk.path).reshape(-1).to(torch.int32),
+            positions=(state.lens[:, None] + torch.arange(width, device=device)).reshape(-1),
+            hidden_states=draft_hidden.index_select(0, hidden_rows),
+            counts=walk.counts,
+            bonus=walk.tokens.gather(1, walk.counts[:, None])[:, 0],
+            lens=state.lens,
+        )
+        return committed, verified

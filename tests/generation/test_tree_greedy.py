@@ -1,0 +1,158 @@
+"""Tree decoding (TreeSpeculativeDecoder) is lossless when greedy: on the shipped
+demo pair, for the issue's trees (D, topk, N) = (3, 2, 6), (4, 4, 16), (6, 4, 32),
+(8, 8, 64), the output equals the target's own greedy decoding by the dense
+plain-loop oracle (specs.generate: no KV cache), with requests stopping at an EOS,
+at max_new_tokens and at max_model_len inside a tree. After a run, every request's
+target KV cache holds what a fresh prefill of its tokens writes (<= 1e-5 fp32),
+paths through a 2nd or later sibling included; topk = 1 with N = D + 1 is the chain
+decoder token for token, with the same per-depth accept counts."""
+
+import pytest
+import torch
+
+from specdraft.assets import load_demo_pair
+from specdraft.config import SpeculativeConfig
+from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
+from specdraft.layout import BatchMetadata
+from specdraft.proposers import EagleProposer, TreeShape
+
+from specs.generate import greedy_decode
+
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 96
+PROMPTS = [list(b"def fibonacci(n):\n    "), list(b"import os\nimport sys\n"), list(b"class Foo:\n    def __init")]
+MAX_NEW = [40, 33, 60]  # request 2 reaches max_model_len (29 + 60 > 96) inside a tree
+EOS = ord("\n")  # request 0 and 1 stop at their first newline only where eos applies (below)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    return load_demo_pair()
+
+
+def tree_decoder(target, head, shape: TreeShape, num_reqs: int):
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=MAX_MODEL_LEN,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    blocks = num_kv_blocks(num_reqs, MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
+    return TreeSpeculativeDecoder(
+        target, EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE)), shape
+    )
+
+
+def oracle(target, eos):
+    return [greedy_decode(target, p, n, eos_token_id=eos, max_model_len=MAX_MODEL_LEN)
+            for p, n in zip(PROMPTS, MAX_NEW, strict=True)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def expected(pair):
+    target, _ = pair
+    return {None: oracle(target, None), EOS: oracle(target, EOS)}
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 6), (4, 4, 16), (6, 4, 32), (8, 8, 64)], ids=str)
+@pytest.mark.parametrize("eos", [None, EOS], ids=["no-eos", "eos"])
+def test_greedy_tree_output_is_the_targets(pair, expected, shape, eos):
+    target, head = pair
+    decoder = tree_decoder(target, head, TreeShape(*shape), len(PROMPTS))
+    result = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=eos)
+    assert [t.tolist() for t in result.tokens] == expected[eos]
+    stats = result.stats
+    assert stats.accepted_per_position.shape == (shape[0],)
+    assert stats.accepted_sibling_rank.shape == (shape[1],)
+    # Every accepted node has a rank, and the per-depth counts are what the ranks add up to.
+    assert int(stats.accepted_sibling_rank.sum()) == int(stats.accepted_per_position.sum())
+    assert float(stats.mean_acceptance_length) > 2.0  # the demo head is a good one: trees accept
+
+
+def fresh_prefill_kv(target, tokens: list[int]) -> list[torch.Tensor]:
+    """Each target layer's K and V [2, n, kv_heads, head_dim] of a prefill of `tokens` in a fresh cache."""
+    n = len(tokens)
+    blocks = -(-n // BLOCK_SIZE)
+    caches = target.allocate_kv_caches(blocks, BLOCK_SIZE)
+    meta = BatchMetadata(query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+                         seq_lens=torch.tensor([n], dtype=torch.int32),
+                         block_table=torch.arange(blocks, dtype=torch.int32)[None],
+                         slot_mapping=torch.arange(n), max_query_len=n)  # fmt: skip
+    with torch.no_grad():
+        target(torch.tensor(tokens, dtype=torch.int32), torch.arange(n), meta, caches)
+    return [c.flatten(1, 2)[:, :n] for c in caches]
+
+
+def test_target_kv_after_commit_is_a_fresh_prefill(pair):
+    """After the run, request b's first prompt + generated - 1 slots (the last token
+    is never fed) hold a fresh prefill's KV; some accepted node was a 2nd+ sibling."""
+    target, head = pair
+    shape = TreeShape(4, 4, 16)
+    decoder = tree_decoder(target, head, shape, len(PROMPTS))
+    result = decoder.generate(PROMPTS, max_new_tokens=[30, 30, 30])
+    assert int(result.stats.accepted_sibling_rank[1:].sum()) > 0, "no path went through a later sibling"
+    table = torch.arange(len(PROMPTS) * decoder.blocks_per_request).view(len(PROMPTS), -1)
+    for b, prompt in enumerate(PROMPTS):
+        tokens = prompt + result.tokens[b].tolist()[:-1]
+        want = fresh_prefill_kv(target, tokens)
+        slots = (table[b][:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).reshape(-1)[: len(tokens)]
+        for layer, cache in enumerate(decoder.target_kv_caches):
+            got = cache.flatten(1, 2)[:, slots]
+            torch.testing.assert_close(got, want[layer], atol=1e-5, rtol=1e-5)
+
+
+def test_topk_one_is_the_chain(pair):
+    """A (D, 1, D + 1) tree decodes as the chain decoder with K = D: the same tokens
+    and the same per-depth accept counts."""
+    target, head = pair
+    depth = 3
+    tree = tree_decoder(target, head, TreeShape(depth, 1, depth + 1), len(PROMPTS))
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=depth, max_model_len=MAX_MODEL_LEN,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    blocks = num_kv_blocks(len(PROMPTS), MAX_MODEL_LEN, depth, BLOCK_SIZE)
+    chain = SpeculativeDecoder(target, EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE)))
+    got = tree.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    want = chain.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
+    assert got.stats.accepted_per_position.tolist() == want.stats.accepted_per_position.tolist()
+    assert got.stats.request_passes.tolist() == want.stats.request_passes.tolist()
+
+
+def test_refusals(pair):
+    target, head = pair
+    with pytest.raises(ValueError, match="TreeShape"):
+        TreeSpeculativeDecoder(target, None, (3, 2, 6))
+    with pytest.raises(ValueError, match="EagleProposer"):
+        TreeSpeculativeDecoder(target, None, TreeShape(3, 2, 6))
+    decoder = tree_decoder(target, head, TreeShape(3, 2, 6), 1)
+    from specdraft.config import SamplingParams
+
+    with pytest.raises(ValueError, match="temperature"):
+        decoder.generate([PROMPTS[0]], sampling=SamplingParams(torch.tensor([0.7]), torch.tensor([1])))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_tree_iteration_compiles_once(pair, backend):
+    """The whole tree iteration (verify -> walk -> KV move -> commit -> propose_tree)
+    under torch.compile(fullgraph=True): the eager output, no graph break, one
+    compile for every iteration of the run and none for a second run. Inductor too:
+    it lowers the tree masks and the in-place KV move differently from eager."""
+    from specdraft.testing import CompileCounts
+
+    target, head = pair
+    shape = TreeShape(3, 2, 6)
+    run = {"max_new_tokens": [12, 9, 14]}
+    want = tree_decoder(target, head, shape, len(PROMPTS)).generate(PROMPTS, **run)
+    torch._dynamo.reset()
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=MAX_MODEL_LEN,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    blocks = num_kv_blocks(len(PROMPTS), MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
+    proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
+    compiled = TreeSpeculativeDecoder(target, proposer, shape, compile={"backend": backend})
+    with CompileCounts.measure() as first:
+        got = compiled.generate(PROMPTS, **run)
+    with CompileCounts.measure() as again:
+        got_again = compiled.generate(PROMPTS, **run)
+    for result in (got, got_again):
+        assert [t.tolist() for t in result.tokens] == [t.tolist() for t in want.tokens]
+        assert torch.equal(result.stats.accepted_per_position, want.stats.accepted_per_position)
+    assert int(want.stats.num_verify_passes) > 2
+    assert (first.graph_breaks, first.compiles) == (0, 1)
+    assert (again.graph_breaks, again.compiles) == (0, 0)
