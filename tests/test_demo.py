@@ -91,3 +91,29 @@ def test_bad_input_is_one_line(capsys):
         demo.main(["--k", "0"])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_demo_with_a_tree(capsys):
+    """--tree D,K,N: identical greedy outputs, per-depth acceptance falling with depth,
+    accepted nodes by sibling rank adding up to the accepted drafts, a mean acceptance
+    length within D + 1, and no sampled run (tree verification is greedy)."""
+    status, out, err = run_demo(capsys, ["--no-compile", "--prompts", "3", "--max-new-tokens", "48", "--tree", "4,4,16",
+                                         "--no-progress"])  # fmt: skip
+    assert status == 0, out
+    assert "tree depth 4, topk 4, 16 verified tokens" in out
+    assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out
+    rates = [float(r) for r in re.findall(r"d=\d: ([0-9.]+)", out)]
+    assert len(rates) == 4 and rates == sorted(rates, reverse=True) and rates[0] > 0
+    ranks = [
+        int(n) for n in re.findall(r"(?<=  )\d: (\d+)", out.split("accepted nodes by sibling rank")[1].split("\n")[0])
+    ]
+    assert len(ranks) == 4 and sum(ranks) > 0
+    assert 1.5 < number(r"mean acceptance length\s+([0-9.]+)", out) <= 5
+    assert "no sampled run" in out
+
+
+@pytest.mark.parametrize("tree", ["4,4", "a,b,c", "9,2,4", "2,2,9"])
+def test_bad_trees_are_refused(tree, capsys):
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--tree", tree])
+    assert "--tree" in capsys.readouterr().err

@@ -61,6 +61,10 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with mode=reduce-overhead")
     parser.add_argument("--k", type=int, default=3, help="draft tokens per verify pass (default 3)")
+    parser.add_argument(
+        "--tree", metavar="D,K,N", help="draft an EAGLE-2 tree instead of a chain: depth D, topk K, N verified "
+        "tokens (root included), e.g. 4,4,16; greedy only (no sampled run)",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
     parser.add_argument("--no-compile", action="store_true", help="run the iterations eagerly")
@@ -81,10 +85,26 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
         parser.error(f"--prompts must be in [1, {len(PROMPTS)}]")
     if args.k < 1 or args.max_new_tokens < 2:
         parser.error("--k must be >= 1 and --max-new-tokens >= 2")
+    if args.tree is not None:
+        args.tree = parse_tree(parser, args.tree)
     longest = max(len(p.encode()) for p in PROMPTS)
     if longest + args.max_new_tokens > MAX_MODEL_LEN:
         parser.error(f"--max-new-tokens must be <= {MAX_MODEL_LEN - longest} (max_model_len {MAX_MODEL_LEN})")
     return args
+
+
+def parse_tree(parser: argparse.ArgumentParser, text: str):
+    """--tree D,K,N as a TreeShape (its own checks name what is wrong)."""
+    from specdraft.proposers.tree_build import TreeShape
+
+    try:
+        depth, topk, num_verify_tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        parser.error(f"--tree must be three integers D,K,N (e.g. 4,4,16), got {text!r}")
+    try:
+        return TreeShape(depth, topk, num_verify_tokens)
+    except ValueError as error:
+        parser.error(f"--tree {text}: {error}")
 
 
 def compile_options(device: str, enabled: bool):
@@ -103,21 +123,25 @@ def compile_options(device: str, enabled: bool):
     return {"options": {"cpp.vec_isa_ok": False}}
 
 
-def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN):
-    """(plain, speculative) SpeculativeDecoders over the shipped pair, for batches of
-    up to num_prompts prompts."""
+def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None):
+    """(plain, speculative) decoders over the shipped pair, for batches of up to
+    num_prompts prompts; with tree (a TreeShape), the speculative one drafts trees."""
     from specdraft.assets import load_demo_pair
     from specdraft.config import SpeculativeConfig
-    from specdraft.generation import SpeculativeDecoder, num_kv_blocks
+    from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
     from specdraft.proposers import EagleProposer
 
     target, head = load_demo_pair(device=device)
+    k = k if tree is None else tree.depth
     config = SpeculativeConfig(
         method="eagle3", num_speculative_tokens=k, max_model_len=max_model_len, block_size=BLOCK_SIZE
     )
-    caches = head.allocate_kv_caches(num_kv_blocks(num_prompts, max_model_len, k, BLOCK_SIZE), BLOCK_SIZE)
+    reach = k if tree is None else tree.num_verify_tokens - 1  # KV positions a verify pass writes past a request
+    caches = head.allocate_kv_caches(num_kv_blocks(num_prompts, max_model_len, reach, BLOCK_SIZE), BLOCK_SIZE)
     proposer = EagleProposer(head, config, caches)
     plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=compile)
+    if tree is not None:
+        return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile)
     return plain, SpeculativeDecoder(target, proposer, compile=compile)
 
 
@@ -150,8 +174,13 @@ def first_difference(a: GenerationResult, b: GenerationResult):
 
 def report(plain: GenerationResult, spec: GenerationResult, k: int) -> None:
     s, p = spec.stats, plain.stats
-    rates = "  ".join(f"k={i + 1}: {r:.3f}" for i, r in enumerate(s.acceptance_rate_per_position.tolist()))
-    print(f"acceptance rate per draft position   {rates}")
+    tree = s.accepted_sibling_rank is not None
+    label = "d" if tree else "k"
+    rates = "  ".join(f"{label}={i + 1}: {r:.3f}" for i, r in enumerate(s.acceptance_rate_per_position.tolist()))
+    print(f"acceptance rate per {'tree depth    ' if tree else 'draft position'}   {rates}")
+    if tree:
+        ranks = "  ".join(f"{i + 1}: {int(n)}" for i, n in enumerate(s.accepted_sibling_rank.tolist()))
+        print(f"accepted nodes by sibling rank       {ranks}  (1: the draft's likeliest child)")
     print(f"mean acceptance length               {s.mean_acceptance_length.item():.3f} tokens per request per "
           f"verify pass (accepted drafts + the bonus / recovered token; at most {k + 1})")  # fmt: skip
     emitted = (s.num_generated - 1).clamp(min=0).sum().item()  # the prefill samples each request's first token
@@ -189,13 +218,19 @@ def run_demo(args: argparse.Namespace) -> int:
     compile = compile_options(args.device, not args.no_compile)
     texts = PROMPTS[: args.prompts]
     prompts = encode(texts)
-    plain, spec = build_decoders(device, args.k, len(prompts), compile)
+    plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree)
+    k = args.k if args.tree is None else args.tree.depth
     how = "eager"
     if compile is not False:
         how = "torch.compile(fullgraph=True, " + ("mode=reduce-overhead)" if device.type == "cuda" else "no SIMD)")
     where = f"{device.type}" + (f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "")
     print("specdraft demo: EAGLE-3 speculative decoding with the shipped byte-level pair")
-    print(f"target 4 x 256 Llama (vocab 256 bytes), EAGLE-3 head, K = {args.k}; {where}; torch {torch.__version__}")
+    drafts = (
+        f"K = {args.k}"
+        if args.tree is None
+        else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens")
+    )
+    print(f"target 4 x 256 Llama (vocab 256 bytes), EAGLE-3 head, {drafts}; {where}; torch {torch.__version__}")
     print(f"{len(prompts)} Python snippets, {args.max_new_tokens} new tokens each, greedy; iterations {how}\n")
 
     progress = not args.no_progress
@@ -221,10 +256,12 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         return 1
     print(f"greedy outputs identical: yes ({len(prompts)} prompts, {total} tokens, plain vs speculative)")
-    report(plain_out, spec_out, args.k)
+    report(plain_out, spec_out, k)
     show_texts("greedy", texts, spec_out)
 
-    if not args.no_sampled:
+    if args.tree is not None and not args.no_sampled:
+        print("\n(no sampled run: tree decoding verifies greedily for now)")
+    elif not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
         eager = SpeculativeDecoder(spec.target, spec.proposer)
         seeds = torch.arange(args.seed, args.seed + len(prompts))

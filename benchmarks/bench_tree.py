@@ -1,0 +1,108 @@
+"""Draft trees against chains on the demo pair (the shipped 4 x 256 byte-level target
++ its EAGLE-3 head), greedy, B = 1: mean acceptance length (bonus included) and
+decode tokens/s, each configuration's iteration compiled (CUDA: mode="reduce-overhead",
+one CUDA graph per iteration), and plain decoding as the baseline. Every request is
+one of the demo's Python prompts, decoded alone (B = 1) with --max-new-tokens new
+tokens; the rows sum over all prompts. The greedy outputs of every row are checked
+against plain decoding (a row that differs is marked FAIL).
+
+    python benchmarks/bench_tree.py                       # chains D = 3, 5, 7; trees (D, 4, N), N = 8, 16, 32
+    python benchmarks/bench_tree.py --smoke               # CPU, eager, two rows: checks the script
+    python benchmarks/bench_tree.py --json out.json
+
+Rows run in order of importance under --budget-s (default 400 s; each configuration
+compiles its own graph); the rest are printed as skipped. A row that raises records
+its error class and the bench goes on.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
+from specdraft.proposers import TreeShape
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def configurations(smoke: bool):
+    if smoke:
+        return [("chain", 3, None), ("tree", 3, TreeShape(3, 2, 6))]
+    rows = [("chain", d, None) for d in (3, 5, 7)]
+    rows += [("tree", d, TreeShape(d, 4, n)) for d in (5, 3, 7) for n in (16, 32, 8)]
+    return rows
+
+
+def decode_all(decoder, prompts, max_new_tokens: int):
+    """Each prompt alone (B = 1): (tokens per prompt, passes, accepted drafts, decode tokens, decode seconds)."""
+    tokens, passes, accepted, decoded, seconds = [], 0, 0, 0, 0.0
+    for prompt in prompts:
+        result = decoder.generate([prompt], max_new_tokens=max_new_tokens)
+        stats = result.stats
+        tokens.append(result.tokens[0].tolist())
+        passes += int(stats.request_passes.sum())
+        accepted += int(stats.accepted_per_position.sum())
+        decoded += int((stats.num_generated - 1).clamp(min=0).sum())
+        seconds += float(stats.decode_time_s)
+    return tokens, passes, accepted, decoded, seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--budget-s", type=float, default=400.0)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", help="write the rows as JSON")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    compile = False if args.smoke else compile_options(args.device, True)
+    prompts = encode(PROMPTS)
+    max_new = 16 if args.smoke else args.max_new_tokens
+    start = time.perf_counter()
+    plain, _ = build_decoders(device, 1, 1, compile)
+    plain.generate([prompts[0]], max_new_tokens=2)  # compile
+    want, plain_passes, _, plain_tokens, plain_s = decode_all(plain, prompts, max_new)
+    plain_rate = plain_tokens / plain_s
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name} (torch {torch.__version__}); demo pair, greedy, B = 1, {len(prompts)} prompts x {max_new} tokens")
+    print(f"plain decoding: {plain_passes} target passes, {plain_rate:,.0f} decode tokens/s\n")
+    print("| drafts | depth | topk | N | acceptance length | target passes | decode tokens/s | speedup vs plain | "
+          "compile s | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for label, depth, tree in configurations(args.smoke):
+        topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
+        if time.perf_counter() - start > args.budget_s:
+            print(f"| {label} | {depth} | {topk} | {n} | skipped (budget) | | | | | |")
+            continue
+        try:
+            t0 = time.perf_counter()
+            _, decoder = build_decoders(device, depth, 1, compile, tree=tree)
+            decoder.generate([prompts[0]], max_new_tokens=2)
+            compile_s = time.perf_counter() - t0
+            got, passes, accepted, decoded, seconds = decode_all(decoder, prompts, max_new)
+        except Exception as error:  # noqa: BLE001 - the row records it, the bench goes on
+            print(f"| {label} | {depth} | {topk} | {n} | {type(error).__name__} | | | | | |")
+            log(f"{label} {depth},{topk},{n}: {error!r}")
+            continue
+        length, rate = 1 + accepted / passes, decoded / seconds
+        row = {"drafts": label, "depth": depth, "topk": topk, "N": n, "acceptance_length": length, "passes": passes,
+               "decode_tokens_per_s": rate, "speedup": rate / plain_rate, "compile_s": compile_s,
+               "lossless": got == want}  # fmt: skip
+        rows.append(row)
+        print(f"| {label} | {depth} | {topk} | {n} | {length:.3f} | {passes} | {rate:,.0f} | {rate / plain_rate:.2f}x | "
+              f"{compile_s:.1f} | {'yes' if got == want else 'FAIL'} |", flush=True)  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "plain_decode_tokens_per_s": plain_rate, "rows": rows}, f, indent=1)
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
