@@ -12,7 +12,7 @@ with quiet_without_triton():
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
     from .prepare_eagle import EagleInputs, prepare_eagle_input
     from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
-    from .sampling import draft_sample, noise_uniform, rejection_sample
+    from .sampling import AcceptedPath, draft_sample, noise_uniform, rejection_sample, tree_verify
     from .shift_and_cache import shift_and_cache_hidden
     from .shift_and_cache_1d import shift_and_cache_1d
     from .shift_plan import ShiftPlan, shift_plan
@@ -45,6 +45,8 @@ __all__ = [
     "draft_sample",
     "noise_uniform",
     "rejection_sample",
+    "AcceptedPath",
+    "tree_verify",
     # training-time draft metrics
     "VocabMetrics",
     "vocab_metrics",

@@ -1,12 +1,15 @@
-"""Sampling ops: draft-token sampling (draft.py) and rejection sampling of drafts
-against the target (rejection.py), both drawing the counter-based noise of noise.py
-and streaming the vocabulary with the scan loop of scan.py."""
+"""Sampling ops: draft-token sampling (draft.py), rejection sampling of drafts
+against the target (rejection.py) and verification of a draft tree (tree_verify.py),
+all drawing the counter-based noise of noise.py and streaming the vocabulary with
+the scan loop of scan.py."""
 
 from .draft import draft_sample, draft_sample_reference, draft_sample_store_reference
 from .noise import STREAM_ACCEPT, STREAM_DRAFT, STREAM_SAMPLE, noise_bits_reference, noise_uniform
 from .rejection import rejection_sample, rejection_sample_reference
+from .tree_verify import AcceptedPath, check_tree_verify_values, tree_verify, tree_verify_reference
 
 __all__ = [
+    "AcceptedPath",
     "STREAM_ACCEPT",
     "STREAM_DRAFT",
     "STREAM_SAMPLE",
@@ -17,4 +20,7 @@ __all__ = [
     "noise_uniform",
     "rejection_sample",
     "rejection_sample_reference",
+    "check_tree_verify_values",
+    "tree_verify",
+    "tree_verify_reference",
 ]

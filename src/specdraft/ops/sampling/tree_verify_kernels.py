@@ -1,0 +1,229 @@
+"""The Triton kernels of tree verification (tree_verify.py, whose module docstring
+states the rule; the reference there is their torch twin): (1) `tree_stats_kernel`,
+per (request, node, vocab chunk), the argmax of every target row for greedy requests
+and its online-softmax max and sum for sampled ones; (2) `tree_walk_kernel`, per
+(request, vocab chunk), the walk, one ascending pass over the nodes (a node's
+children come after it; recomputed by every chunk program, chunk 0 writes the path),
+then the partial race over that chunk of the last node's row; (3)
+`tree_finish_kernel`, per request, the race's winner.
+
+Jit functions are imported by name: Inductor re-emits a user Triton kernel with the
+jit functions it calls, and a module attribute (noise.x) is not carried along.
+"""
+
+from ..backend import tl, triton
+from ..common.fastmath import exp2, rcp
+from ..common.scan import (
+    combine_argmax,
+    combine_softmax,
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    lane_softmax_finish,
+    lane_softmax_init,
+    scan_vocab,
+)
+from .noise import exponential2, gumbel_gain, noise_bits, row_key, uniform
+from .rejection_steps import argmax_step, gumbel_step, lane_softmax_step
+
+# ------------------------------------------------------------------- walk pieces
+
+
+@triton.jit
+def node_stats(part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, parts, greedy, num_splits,
+               SPLIT_BLOCK: tl.constexpr):  # fmt: skip
+    """(argmax, softmax max, softmax sum) of one node's target row from the statistics
+    kernel's partials at `parts`: the argmax for a greedy request, the softmax
+    statistics (natural units) for a sampled one; the other stays a placeholder."""
+    target = tl.full([], -1, tl.int32)
+    run_max = tl.full([], 0.0, tl.float32)
+    run_sum = tl.full([], 1.0, tl.float32)
+    if greedy:
+        _, target = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+    else:
+        run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+    return target, run_max, run_sum
+
+
+@triton.jit
+def tree_residual_step(acc, x, side, idx, args, FAST: tl.constexpr):
+    """Every child of node `cur` rejected: the exponential races r / E over the
+    residual r (p with the children's tokens zeroed) and, as the fallback, over p.
+    p in base 2 as rejection's residual_race_step computes it. The children are the
+    nodes k in [first_kid, last_kid] whose parent is `cur` (with EAGLE-2's layout, the
+    topk siblings side by side); a token outside [0, V) matches no index."""
+    race, race_idx, fall, fall_idx = acc
+    gain, max2, inv_sum, key, end, cur, first_kid, last_kid, parents_row, tokens_row = args
+    mask = idx < end
+    p = exp2(x * gain - max2, FAST) * inv_sum
+    r = p
+    for k in range(first_kid, last_kid + 1):
+        if tl.load(parents_row + k).to(tl.int64) == cur:
+            r = tl.where(idx == tl.load(tokens_row + k).to(tl.int64), 0.0, r)
+    # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
+    inv_e = rcp(exponential2(noise_bits(key, idx), FAST), FAST)
+    race, race_idx = lane_argmax_update(race, race_idx, tl.where(mask, r * inv_e, float("-inf")), idx)
+    fall, fall_idx = lane_argmax_update(fall, fall_idx, tl.where(mask, p * inv_e, float("-inf")), idx)
+    return race, race_idx, fall, fall_idx
+
+
+# ----------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def tree_stats_kernel(
+    logits_ptr, temperature_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
+    vocab, req_stride, row_stride, num_nodes, num_splits,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    node = tl.program_id(1)
+    split = tl.program_id(2)
+    temp = tl.load(temperature_ptr + req).to(tl.float32)
+    row_ptr = logits_ptr + req * req_stride + node * row_stride
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, vocab)
+    best, best_idx = lane_argmax_init(start, BLOCK)
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.full([], 0.0, tl.float32)
+    if temp <= 0:
+        best, best_idx = scan_vocab(
+            row_ptr, row_ptr, start, end, (best, best_idx), None, argmax_step, None, False, BLOCK
+        )
+    else:
+        lane_max, lane_sum = lane_softmax_init(BLOCK)
+        lane_max, lane_sum = scan_vocab(
+            row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step, FAST_LOG2,
+            False, BLOCK,
+        )  # fmt: skip
+        run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
+    best, best_idx = lane_argmax_finish(best, best_idx)
+    part = (req * num_nodes + node) * num_splits + split
+    tl.store(part_key_ptr + part, best)
+    tl.store(part_idx_ptr + part, best_idx)
+    tl.store(part_max_ptr + part, run_max)
+    tl.store(part_sum_ptr + part, run_sum)
+
+
+@triton.jit
+def tree_walk_kernel(
+    logits_ptr, tree_tokens_ptr, parents_ptr, temperature_ptr, seeds_ptr, positions_ptr,
+    nodes_ptr, tokens_ptr, counts_ptr, ranks_ptr,  # out
+    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the statistics kernel's partials
+    race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # out: per (request, chunk)
+    vocab, req_stride, row_stride, num_nodes, max_depth, num_splits,
+    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, NODE_BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temp = tl.load(temperature_ptr + req).to(tl.float32)
+    greedy = temp <= 0
+    seed = tl.load(seeds_ptr + req).to(tl.int64)
+    position = tl.load(positions_ptr + req).to(tl.int64)
+    tree_tok_row = tree_tokens_ptr + req * num_nodes
+    parents_row = parents_ptr + req * num_nodes
+    lane = tl.arange(0, NODE_BLOCK)
+    lane_tok = tl.load(tree_tok_row + lane, mask=lane < num_nodes, other=-1).to(tl.int64)
+    lane_par = tl.load(parents_row + lane, mask=lane < num_nodes, other=-1).to(tl.int64)
+
+    cur = tl.full([], 0, tl.int64)
+    count = tl.full([], 0, tl.int32)
+    rank = tl.full([], 0, tl.int32)
+    rejected = tl.full([], 0.0, tl.float32)
+    first_kid = tl.full([], 0, tl.int32)  # the children of `cur` tried so far lie in [first_kid, last_kid]
+    last_kid = tl.full([], 0, tl.int32)  # 0: none tried (node 0 is nobody's child)
+    path = tl.where(lane == 0, 0, -1)
+    path_tok = tl.full([NODE_BLOCK], -1, tl.int64)
+    path_rank = tl.full([NODE_BLOCK], -1, tl.int32)
+    target, run_max, run_sum = node_stats(
+        part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, (req * num_nodes) * num_splits, greedy, num_splits,
+        SPLIT_BLOCK,
+    )  # fmt: skip
+    key = row_key(seed, position, ACCEPT_KEY)
+    for j in range(1, num_nodes):
+        if (tl.load(parents_row + j).to(tl.int64) == cur) & (count < max_depth):
+            tok = tl.load(tree_tok_row + j).to(tl.int64)
+            valid = (tok >= 0) & (tok < vocab)
+            r = tl.full([], 0.0, tl.float32)
+            if greedy:
+                accept = valid & (tok == target)
+            else:
+                earlier = (lane_par == cur) & (lane > cur) & (lane < j) & (lane_tok == tok)
+                fresh = valid & (tl.max(earlier.to(tl.int32), 0) == 0)
+                x = tl.load(logits_ptr + req * req_stride + cur * row_stride + tok, mask=fresh, other=float("-inf"))
+                r = tl.where(fresh, tl.exp(x.to(tl.float32) / temp - run_max) / run_sum, 0.0)
+                u = uniform(noise_bits(key, rank))
+                accept = (r > 0) & (u * (1.0 - rejected) <= r)
+            if accept:
+                count += 1
+                path = tl.where(lane == count, j, path)
+                path_tok = tl.where(lane == count - 1, tok, path_tok)
+                path_rank = tl.where(lane == count - 1, rank, path_rank)
+                cur = tl.full([], 0, tl.int64) + j
+                rank = tl.full([], 0, tl.int32)
+                rejected = tl.full([], 0.0, tl.float32)
+                first_kid = tl.full([], 0, tl.int32)
+                last_kid = tl.full([], 0, tl.int32)
+                target, run_max, run_sum = node_stats(
+                    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, (req * num_nodes + cur) * num_splits,
+                    greedy, num_splits, SPLIT_BLOCK,
+                )  # fmt: skip
+                key = row_key(seed, position + count, ACCEPT_KEY)
+            else:
+                rank += 1
+                rejected += r
+                first_kid = tl.where(last_kid == 0, j, first_kid)
+                last_kid = tl.full([], 0, tl.int32) + j
+
+    if split == 0:
+        emitted = tl.where(greedy, target, -1)  # sampled requests: filled in by the finish kernel
+        out_tok = tl.where(lane == count, emitted, path_tok)
+        tl.store(nodes_ptr + req * (max_depth + 1) + lane, path, mask=lane <= max_depth)
+        tl.store(tokens_ptr + req * (max_depth + 1) + lane, out_tok.to(tl.int32), mask=lane <= max_depth)
+        tl.store(ranks_ptr + req * max_depth + lane, path_rank, mask=lane < max_depth)
+        tl.store(counts_ptr + req, count)
+
+    if not greedy:
+        sample_key = row_key(seed, position + count, SAMPLE_KEY)
+        row_ptr = logits_ptr + req * req_stride + cur * row_stride
+        start = split * CHUNK
+        end = tl.minimum(start + CHUNK, vocab)
+        race, race_idx = lane_argmax_init(start, BLOCK)
+        fall, fall_idx = race, race_idx
+        gain = gumbel_gain(temp)
+        if last_kid > 0:  # every child rejected: race over the residual, p as the fallback
+            args = (gain, run_max * 1.4426950408889634, 1.0 / run_sum, sample_key, end, cur, first_kid, last_kid,
+                    parents_row, tree_tok_row)  # fmt: skip
+            race, race_idx, fall, fall_idx = scan_vocab(
+                row_ptr, row_ptr, start, end, (race, race_idx, fall, fall_idx), args, tree_residual_step, FAST_LOG2,
+                False, BLOCK,
+            )  # fmt: skip
+        else:  # a leaf: Gumbel-max over the logits, its own fallback
+            race, race_idx = scan_vocab(
+                row_ptr, row_ptr, start, end, (race, race_idx), (gain, sample_key), gumbel_step, FAST_LOG2, False,
+                BLOCK,
+            )  # fmt: skip
+            fall, fall_idx = race, race_idx
+        race, race_idx = lane_argmax_finish(race, race_idx)
+        fall, fall_idx = lane_argmax_finish(fall, fall_idx)
+        part = req * num_splits + split
+        tl.store(race_key_ptr + part, race)
+        tl.store(race_idx_ptr + part, race_idx)
+        tl.store(fall_key_ptr + part, fall)
+        tl.store(fall_idx_ptr + part, fall_idx)
+
+
+@triton.jit
+def tree_finish_kernel(
+    temperature_ptr, tokens_ptr, counts_ptr, race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,
+    max_depth, num_splits, SPLIT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temperature_ptr + req).to(tl.float32)
+    if not (temp <= 0):
+        parts = req * num_splits
+        race, token = combine_argmax(race_key_ptr + parts, race_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        _, fallback = combine_argmax(fall_key_ptr + parts, fall_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        token = tl.where(race > 0, token, fallback)  # at a leaf both are the Gumbel-max winner
+        tl.store(tokens_ptr + req * (max_depth + 1) + tl.load(counts_ptr + req), token)
