@@ -63,7 +63,7 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser.add_argument("--k", type=int, default=3, help="draft tokens per verify pass (default 3)")
     parser.add_argument(
         "--tree", metavar="D,K,N", help="draft an EAGLE-2 tree instead of a chain: depth D, topk K, N verified "
-        "tokens (root included), e.g. 4,4,16; greedy only (no sampled run)",
+        "tokens (root included), e.g. 4,4,16",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
@@ -211,7 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
     import torch
 
     from specdraft.config import SamplingParams
-    from specdraft.generation import SpeculativeDecoder
+    from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
 
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -259,11 +259,12 @@ def run_demo(args: argparse.Namespace) -> int:
     report(plain_out, spec_out, k)
     show_texts("greedy", texts, spec_out)
 
-    if args.tree is not None and not args.no_sampled:
-        print("\n(no sampled run: tree decoding verifies greedily for now)")
-    elif not args.no_sampled:
+    if not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
-        eager = SpeculativeDecoder(spec.target, spec.proposer)
+        if args.tree is None:
+            eager = SpeculativeDecoder(spec.target, spec.proposer)
+        else:
+            eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree)
         seeds = torch.arange(args.seed, args.seed + len(prompts))
         sampling = SamplingParams(torch.full((len(prompts),), TEMPERATURE), seeds)
         sampled = eager.generate(prompts, sampling=sampling, progress=progress and "sampled", **run)

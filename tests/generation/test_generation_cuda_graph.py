@@ -5,22 +5,15 @@ same tokens as the same compiled iteration run without them."""
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from specdraft.config import SamplingParams
 from specdraft.demo import PROMPTS, build_decoders, encode
 
+from fixtures.cuda_graphs import launches
+
 pytestmark = pytest.mark.cuda  # CUDA graphs need a CUDA device
 
 NUM_PROMPTS = 3
-
-
-def launches(fn) -> dict[str, int]:
-    """CUDA runtime launch calls made by fn, by name (cudaGraphLaunch, cuLaunchKernel, ...)."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.key: e.count for e in prof.key_averages() if "Launch" in e.key}
 
 
 def sampling(sampled: bool):

@@ -121,38 +121,3 @@ def test_refusals(pair):
         TreeSpeculativeDecoder(target, None, (3, 2, 6))
     with pytest.raises(ValueError, match="EagleProposer"):
         TreeSpeculativeDecoder(target, None, TreeShape(3, 2, 6))
-    decoder = tree_decoder(target, head, TreeShape(3, 2, 6), 1)
-    from specdraft.config import SamplingParams
-
-    with pytest.raises(ValueError, match="temperature"):
-        decoder.generate([PROMPTS[0]], sampling=SamplingParams(torch.tensor([0.7]), torch.tensor([1])))
-
-
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_tree_iteration_compiles_once(pair, backend):
-    """The whole tree iteration (verify -> walk -> KV move -> commit -> propose_tree)
-    under torch.compile(fullgraph=True): the eager output, no graph break, one
-    compile for every iteration of the run and none for a second run. Inductor too:
-    it lowers the tree masks and the in-place KV move differently from eager."""
-    from specdraft.testing import CompileCounts
-
-    target, head = pair
-    shape = TreeShape(3, 2, 6)
-    run = {"max_new_tokens": [12, 9, 14]}
-    want = tree_decoder(target, head, shape, len(PROMPTS)).generate(PROMPTS, **run)
-    torch._dynamo.reset()
-    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=MAX_MODEL_LEN,
-                               block_size=BLOCK_SIZE)  # fmt: skip
-    blocks = num_kv_blocks(len(PROMPTS), MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
-    proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
-    compiled = TreeSpeculativeDecoder(target, proposer, shape, compile={"backend": backend})
-    with CompileCounts.measure() as first:
-        got = compiled.generate(PROMPTS, **run)
-    with CompileCounts.measure() as again:
-        got_again = compiled.generate(PROMPTS, **run)
-    for result in (got, got_again):
-        assert [t.tolist() for t in result.tokens] == [t.tolist() for t in want.tokens]
-        assert torch.equal(result.stats.accepted_per_position, want.stats.accepted_per_position)
-    assert int(want.stats.num_verify_passes) > 2
-    assert (first.graph_breaks, first.compiles) == (0, 1)
-    assert (again.graph_breaks, again.compiles) == (0, 0)

@@ -19,7 +19,10 @@ pass rewrites the path's positions.
 Greedy verification is lossless: the emitted tokens are the target's argmax chain
 (every accepted node equals the target's argmax at its parent; the bonus token is
 the argmax at the deepest accepted node), so the output is target-only greedy
-decoding token for token (tests/generation/test_tree_greedy.py).
+decoding token for token (tests/generation/test_tree_greedy.py). Sampled
+verification (ops.tree_verify: siblings tried in draft order, each accepted with its
+share of the target's residual mass, rejected ones removed from it) emits tokens
+distributed as target-only sampling (tests/generation/test_tree_sampling.py).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from specdraft.layout import TreeBatchMetadata
 from specdraft.models.kv_cache import flat_slots
+from specdraft.ops import tree_verify
 from specdraft.proposers.tree_build import TreeShape, ancestor_mask
 
 from . import checks
@@ -93,6 +98,22 @@ def greedy_walk(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     return TreeWalk(path, counts, emitted.to(torch.int32), accepted)
 
 
+def sampled_walk(logits, tokens, parents, requests: Requests, first_positions, depth: int) -> TreeWalk:
+    """Tree verification by ops.tree_verify (greedy rows greedy, sampled rows by its
+    lossless multi-candidate rule; noise keyed by each request's seed and the
+    positions from first_positions, the depth-1 nodes' position), as a TreeWalk of
+    depth + 1 columns."""
+    n = tokens.shape[1]
+    reach = min(depth, n - 1)  # a tree of N nodes goes at most N - 1 deep
+    sampling = requests.sampling
+    out = tree_verify(tokens.contiguous(), parents.contiguous(), logits, sampling.temperature.contiguous(),
+                      sampling.seeds.contiguous(), first_positions.contiguous(), max_depth=reach)  # fmt: skip
+    nodes = F.pad(out.nodes.long(), (0, depth - reach), value=-1)
+    emitted = F.pad(out.tokens, (0, depth - reach), value=-1)
+    on_path = (nodes[:, :, None] == torch.arange(n, device=tokens.device)).any(dim=1)
+    return TreeWalk(nodes.clamp(min=0), out.counts.long(), emitted, on_path)
+
+
 def move_path_kv(caches, path, counts, lens, block_table, block_size: int) -> None:
     """Each cache's KV of the accepted path's node at depth d (index path[d], at
     sequence index lens + path[d]) copied to lens + d, for d = 1 .. counts; other
@@ -123,8 +144,9 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     TreeShape (depth, topk, num_verify_tokens); `proposer` an EagleProposer with an
     EAGLE-1 or EAGLE-3 head. The KV caches (target and draft) need
     num_kv_blocks(B, max_model_len, num_verify_tokens - 1, block_size) blocks: a pass
-    writes N nodes past a request's length. Greedy verification (every temperature
-    0); sampled tree verification is not here yet, and asking for it is an error."""
+    writes N nodes past a request's length. An all-greedy batch verifies by the
+    greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
+    tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         if not isinstance(tree, TreeShape):
@@ -140,12 +162,6 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         self.blocks_per_request = checks.blocks_per_request(self.max_model_len, tree.num_verify_tokens - 1,
                                                             self.block_size)  # fmt: skip
         self.reach = self.blocks_per_request * self.block_size
-
-    def requests(self, prompts, max_new_tokens, sampling, eos_token_id) -> tuple[list[torch.Tensor], Requests]:
-        prompts, requests = super().requests(prompts, max_new_tokens, sampling, eos_token_id)
-        if not requests.all_greedy:
-            raise ValueError("sampling: tree decoding verifies greedily; every temperature must be 0")
-        return prompts, requests
 
     # ------------------------------------------------------------------ drafting
 
@@ -203,7 +219,10 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         )
         hidden, draft_hidden = self.run_target(tokens.reshape(-1).to(torch.int32), positions.reshape(-1), metadata)
         logits = self.target.compute_logits(hidden).view(num_reqs, n, -1)
-        walk = greedy_walk(logits, tokens, state.tree_parents, state.tree_depths, ancestors, depth)
+        if requests.all_greedy:  # as chains do: no noise or softmax in an all-greedy graph
+            walk = greedy_walk(logits, tokens, state.tree_parents, state.tree_depths, ancestors, depth)
+        else:
+            walk = sampled_walk(logits, tokens, state.tree_parents, requests, state.lens + 1, depth)
         move_path_kv(self.target_kv_caches, walk.path, walk.counts, state.lens, requests.block_table, self.block_size)
         active = ~state.done
         ranks = sibling_rank(state.tree_parents)
