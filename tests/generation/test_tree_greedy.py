@@ -19,10 +19,10 @@ from specdraft.proposers import EagleProposer, TreeShape
 from specs.generate import greedy_decode
 
 BLOCK_SIZE = 16
-MAX_MODEL_LEN = 96
+MAX_MODEL_LEN = 56
 PROMPTS = [list(b"def fibonacci(n):\n    "), list(b"import os\nimport sys\n"), list(b"class Foo:\n    def __init")]
-MAX_NEW = [40, 33, 60]  # request 2 reaches max_model_len (29 + 60 > 96) inside a tree
-EOS = ord("\n")  # request 0 and 1 stop at their first newline only where eos applies (below)
+MAX_NEW = [26, 20, 40]  # request 2 reaches max_model_len (25 + 40 > 56) inside a tree
+EOS = ord("\n")  # with eos_token_id=EOS, requests stop at their first generated newline
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +40,17 @@ def tree_decoder(target, head, shape: TreeShape, num_reqs: int):
     )
 
 
-def oracle(target, eos):
-    return [greedy_decode(target, p, n, eos_token_id=eos, max_model_len=MAX_MODEL_LEN)
-            for p, n in zip(PROMPTS, MAX_NEW, strict=True)]  # fmt: skip
+def cut_at(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 @pytest.fixture(scope="module")
 def expected(pair):
+    """The dense oracle's greedy decoding (one dense recompute per token, no cache),
+    and the same cut after the first EOS: greedy decoding with an EOS id."""
     target, _ = pair
-    return {None: oracle(target, None), EOS: oracle(target, EOS)}
+    plain = [greedy_decode(target, p, n, max_model_len=MAX_MODEL_LEN) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    return {None: plain, EOS: [cut_at(t, EOS) for t in plain]}
 
 
 @pytest.mark.parametrize("shape", [(3, 2, 6), (4, 4, 16), (6, 4, 32), (8, 8, 64)], ids=str)

@@ -370,6 +370,16 @@ FAMILIES = (
     (EXPAND_RULES, invalid_expand_cases),
     (SAMPLING_RULES, invalid_sampling_cases),
 )
+
+
+def _families():
+    """FAMILIES with the tree ops' (invalid_trees imports this module's OpCase)."""
+    from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
+
+    return (*FAMILIES, (TREE_RULES, invalid_tree_cases))
+
+
+FAMILIES = _families()
 OP_RULES = {op: rules for table, _ in FAMILIES for op, rules in table.items()}
 
 
