@@ -209,3 +209,15 @@ def test_the_compile_is_announced_on_stderr_unless_no_progress(data, capsys, mon
     assert "compiled in " in err
     assert main(["demo", str(folder), "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_unwritable_outputs_fail_before_evaluating(data, tmp_path, capsys):
+    """--json / --plot under a path that is a file: exit 2, one line, nothing evaluated."""
+    folder, _, _ = data
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for option in ("--json", "--plot"):
+        assert main(["demo", str(folder), "--no-progress", option, str(blocker / "out")]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.startswith(f"error: {option}") and "cannot be written" in captured.err

@@ -51,10 +51,9 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_ranks_report_one_process_sums(shards, tmp_path, nproc):
-    """3 shards on 2 ranks (N does not divide them) and on 3; sampled Σ min(p, q) and
-    the divergences are float sums, the counts integers: all equal exactly."""
+def test_ranks_report_one_process_sums(shards, tmp_path, nproc=2):
+    """3 shards on 2 ranks (N does not divide them); sampled Σ min(p, q) and the
+    divergences are float sums, the counts integers: all equal exactly."""
     common = ["demo", str(shards), "--steps", "3", "--temperature", "0.7", "--divergence", "--eager",
               "--no-progress"]  # fmt: skip
     one = run_eval([*common, "--json", str(tmp_path / "one.json")])
@@ -110,14 +109,6 @@ def test_unwritable_json_fails_before_evaluating(shards, tmp_path):
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "--json" in lines[0] and "cannot be written" in lines[0], result.stderr
     assert "compiling" not in result.stderr and result.stdout == ""
-
-
-def test_unwritable_json_alone(shards, tmp_path):
-    """The same check in one process, and nothing left behind where the path was good."""
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    result = run_eval(["demo", str(shards), "--no-progress", "--json", str(blocker / "out.json")])
-    assert result.returncode == 2 and error_lines(result.stderr), result.stderr
 
 
 def optimal_makespan(counts, world_size):
