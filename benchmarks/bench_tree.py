@@ -30,7 +30,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def configurations(smoke: bool):
+def configurations(smoke: bool, only=None):
+    if only:
+        return [("chain", d, None) if k == 1 and n == d + 1 else ("tree", d, TreeShape(d, k, n)) for d, k, n in only]
     if smoke:
         return [("chain", 3, None), ("tree", 3, TreeShape(3, 2, 6))]
     rows = [("chain", d, None) for d in (3, 5, 7)]
@@ -59,6 +61,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", help="write the rows as JSON")
+    parser.add_argument("--only", nargs="+", metavar="D,K,N", help="just these rows (K = 1, N = D + 1: the chain)")
     args = parser.parse_args()
     device = torch.device(args.device)
     compile = False if args.smoke else compile_options(args.device, True)
@@ -76,7 +79,8 @@ def main() -> int:
           "compile s | lossless |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for label, depth, tree in configurations(args.smoke):
+    only = [tuple(int(x) for x in row.split(",")) for row in args.only or []]
+    for label, depth, tree in configurations(args.smoke, only):
         topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
         if time.perf_counter() - start > args.budget_s:
             print(f"| {label} | {depth} | {topk} | {n} | skipped (budget) | | | | | |")

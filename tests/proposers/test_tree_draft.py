@@ -124,3 +124,23 @@ def test_one_fullgraph_compile_for_new_values():
         torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
     assert not counters["graph_break"]
+
+
+def test_no_sort_in_the_compiled_tree():
+    """The traced propose_tree holds no sort, argsort or topk: torch 2.11's Inductor
+    lowered a CUDA sort of the 68-node pool (depth 5, topk 4) to a kernel that indexed
+    out of bounds, which no CPU run shows; this structural check is what CI can see."""
+    _, batch, proposer = build("eagle3")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(proposer.propose_tree, backend=record, fullgraph=True)
+    compiled(*batch.propose_args()[:5], TreeShape(depth=5, topk=4, num_verify_tokens=16))
+    names = {
+        str(node.target) for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")
+    }
+    assert graphs and not {n for n in names if any(word in n for word in ("sort", "topk"))}, names

@@ -42,7 +42,6 @@ from specdraft.proposers.tree_build import (
     expand_frontier,
     expand_root,
     select_tree,
-    stable_top,
 )
 
 
@@ -66,8 +65,22 @@ def top_children(logits: torch.Tensor, topk: int, model) -> tuple[torch.Tensor, 
     draft tokens of every row: fp32 log-softmax over the draft vocabulary, ties to
     the lower draft id (the lower target id too: a draft-to-target map is increasing)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    ids = stable_top(logprobs, topk)
+    ids = top_ids(logprobs, topk)
     return model.draft_to_target(ids), logprobs.gather(-1, ids), logprobs
+
+
+def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., k] ids of the k largest entries, ties to the lower id: k argmax passes
+    (torch.argmax takes the first maximum), each taking its pick out. No sort: a
+    vocabulary-wide sort is far more work, and Inductor's CUDA sort of rows that are
+    not a power of two is what broke the tree on the GPU (tree_build.stable_rank).
+    log_softmax rows are finite, so a pick never comes back."""
+    picks, rest = [], logprobs
+    for _ in range(k):
+        pick = rest.argmax(dim=-1, keepdim=True)
+        picks.append(pick)
+        rest = rest.scatter(-1, pick, float("-inf"))
+    return torch.cat(picks, dim=-1)
 
 
 def node_positions(root_positions: torch.Tensor, depth: int, count: int, max_model_len: int) -> torch.Tensor:

@@ -103,10 +103,31 @@ class DraftTree(NamedTuple):
     ancestors: torch.Tensor
 
 
+def stable_rank(scores: torch.Tensor) -> torch.Tensor:
+    """[B, P] int64: each score's place in (descending score, then ascending index)
+    order, a permutation of 0 .. P - 1 per row (NaN ranks as -inf). By counting, not
+    sorting: torch 2.11's Inductor lowers a CUDA sort of a non-power-of-two row
+    (the pool's 68 nodes at depth 5, topk 4) to a kernel that indexed past the row
+    (a device-side assert), and P <= 456 keeps the [B, P, P] comparison small."""
+    s = torch.nan_to_num(scores.float(), nan=float("-inf"))
+    index = torch.arange(s.shape[-1], device=s.device)
+    ahead = (s[..., None, :] > s[..., :, None]) | (
+        (s[..., None, :] == s[..., :, None]) & (index[None, :] < index[:, None])
+    )  # [B, i, j]: j comes before i
+    return ahead.sum(dim=-1)
+
+
+def rows_of_rank(rank: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k]: the index holding each place 0 .. k - 1 (rank a permutation per row)."""
+    index = torch.arange(rank.shape[-1], device=rank.device)
+    places = torch.arange(k, device=rank.device)
+    return ((rank[..., None, :] == places[:, None]).long() * index).sum(dim=-1)
+
+
 def stable_top(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k highest scores along the last dimension, the lower index first
-    among equal scores (torch.topk leaves ties unspecified)."""
-    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    among equal scores (torch.topk leaves ties unspecified), sort-free (stable_rank)."""
+    return rows_of_rank(stable_rank(scores), k)
 
 
 def expand_root(child_tokens: torch.Tensor, child_logprobs: torch.Tensor) -> tuple[TreePool, Frontier]:
@@ -148,7 +169,8 @@ def select_tree(pool: TreePool, root_tokens: torch.Tensor, num_verify_tokens: in
     # The pool is laid out step by step, so a lower pool index is never deeper: one
     # stable sort by score gives (score, then shallower, then pool index), and
     # sorting the kept indices gives the (depth, pool index) layout.
-    kept = stable_top(pool.scores, keep).sort(dim=1).values
+    chosen = stable_rank(pool.scores) < keep
+    kept = rows_of_rank(torch.where(chosen, chosen.long().cumsum(1) - 1, size), keep)  # chosen, in index order
     # Tree index of every pool node (-1: not kept), then each kept node's parent in it.
     tree_index = torch.full((batch, size), -1, dtype=torch.long, device=device)
     tree_index.scatter_(1, kept, torch.arange(1, keep + 1, device=device).expand(batch, keep))
