@@ -60,11 +60,12 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="no compile (acceptance lengths on a CPU)")
     parser.add_argument("--json", help="write the rows as JSON")
     parser.add_argument("--only", nargs="+", metavar="D,K,N", help="just these rows (K = 1, N = D + 1: the chain)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    compile = False if args.smoke else compile_options(args.device, True)
+    compile = False if args.smoke or args.eager else compile_options(args.device, True)
     prompts = encode(PROMPTS)
     max_new = 16 if args.smoke else args.max_new_tokens
     start = time.perf_counter()

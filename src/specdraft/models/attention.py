@@ -100,7 +100,11 @@ def paged_attention(
     scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
     # A row with nothing visible (a padded query) gets uniform weights; zero them.
     probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
-    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).reshape(num_reqs, max_query_len, heads, dim)
+    # An explicit copy before the merge of (kv_heads, group): torch 2.11's nested compile
+    # region traced the reshape as a view of the einsum's layout, which its fake-tensor
+    # pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).clone(memory_format=torch.contiguous_format)
+    out = out.view(num_reqs, max_query_len, heads, dim)
     return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)
 
 
@@ -113,8 +117,8 @@ def _attend_visible(q, keys, values, visible, scale):
     scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
     scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
-    out = torch.einsum("bhgql,blhd->bqhgd", probs, values)
-    return out.reshape(*out.shape[:2], -1, out.shape[-1])
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).clone(memory_format=torch.contiguous_format)
+    return out.view(*out.shape[:2], -1, out.shape[-1])  # the copy: see paged_attention
 
 
 def _grouped(query, kv_heads):
