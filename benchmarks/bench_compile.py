@@ -93,8 +93,20 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
     decoder = plain if what == "plain iteration" else spec
     prompts, requests = decoder.requests(prompts, 32, None, None)
     report["stack_s"] = first_compile_of_the_process(device, options)
+    proposer = spec.proposer
+    if what == "probabilistic propose":  # seeded Gumbel drafts with their probabilities, at temperature 0.7
+        import dataclasses
+
+        from specdraft.config import SamplingParams
+        from specdraft.proposers import EagleProposer
+
+        config = dataclasses.replace(proposer.config, draft_sampling="probabilistic", return_probs="probs")
+        proposer = EagleProposer(proposer.model, config, proposer.kv_caches)
+        num = len(prompts)
+        requests = dataclasses.replace(requests, sampling=SamplingParams(
+            torch.full((num,), 0.7, device=device), torch.arange(num, device=device)), all_greedy=False)  # fmt: skip
     with torch.no_grad():
-        if what == "propose":
+        if what in ("propose", "probabilistic propose"):
             from specdraft.generation.verify import prompt_batch
 
             token_ids, positions, metadata, _ = prompt_batch(
@@ -103,7 +115,7 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
             _, draft_hidden = decoder.run_target(token_ids, positions, metadata)
             next_tokens = token_ids.index_select(0, metadata.query_start_loc[1:].long() - 1)
             opts = {"dynamic": False} if options is True else {"dynamic": False, **options}
-            fn = torch.compile(spec.proposer.propose, fullgraph=True, **opts)
+            fn = torch.compile(proposer.propose, fullgraph=True, **opts)
 
             def call():
                 return fn(token_ids, positions, draft_hidden, next_tokens, metadata, requests.sampling)
@@ -153,7 +165,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--what", nargs="+", default=["propose", "speculative iteration", "plain iteration"])
+    parser.add_argument("--what", nargs="+", default=["propose", "probabilistic propose", "speculative iteration",
+                                                      "plain iteration"])  # fmt: skip
     parser.add_argument("--inductor-defaults", action="store_true", help="plain torch.compile, not the demo's options")
     parser.add_argument("--shape", choices=["demo", "8b"], default="demo", help="the demo pair or 8B-shaped models")
     parser.add_argument("--precompile", action="store_true", help="torch._dynamo.config.caching_precompile = True")
