@@ -123,3 +123,33 @@ def test_refusals(pair):
         TreeSpeculativeDecoder(target, None, (3, 2, 6))
     with pytest.raises(ValueError, match="EagleProposer"):
         TreeSpeculativeDecoder(target, None, TreeShape(3, 2, 6))
+
+
+def test_a_thousand_iterations_compile_once(pair):
+    """1,000+ compiled tree iterations (Dynamo with the eager backend: guards and
+    recompiles are Dynamo's, whatever the backend) over runs whose acceptance varies
+    from pass to pass and from prompt to prompt: one compile, no recompile, no break."""
+    from specdraft.demo import PROMPTS as SNIPPETS
+    from specdraft.testing import CompileCounts
+
+    target, head = pair
+    shape = TreeShape(3, 2, 6)
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=320,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    blocks = num_kv_blocks(2, 320, shape.num_verify_tokens - 1, BLOCK_SIZE)
+    proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
+    torch._dynamo.reset()
+    decoder = TreeSpeculativeDecoder(target, proposer, shape, compile={"backend": "eager"})
+    texts = [list(t.encode()) for t in SNIPPETS]
+    iterations, lengths = 0, set()
+    with CompileCounts.measure() as counts:
+        for run in range(200):
+            prompts = [texts[run % len(texts)], texts[(run + 1) % len(texts)][: 8 + run % 40]]
+            result = decoder.generate(prompts, max_new_tokens=160)
+            iterations += int(result.stats.num_verify_passes)
+            lengths.add(round(float(result.stats.mean_acceptance_length), 3))
+            if iterations >= 1000:
+                break
+    assert iterations >= 1000
+    assert len(lengths) > 5  # the acceptance did vary
+    assert (counts.graph_breaks, counts.compiles) == (0, 1)
