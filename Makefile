@@ -46,7 +46,13 @@ test-cpu: $(STAMP)
 test-interpreter: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" tests
 
-test: lint wheel-smoke test-cpu test-interpreter
+# Each stage timed by .ci/stage.sh; pytest lists its slowest tests (DURATIONS).
+DURATIONS ?= --durations=25
+test: $(STAMP)
+	@bash .ci/stage.sh lint $(MAKE) --no-print-directory lint
+	@bash .ci/stage.sh wheel-smoke $(MAKE) --no-print-directory wheel-smoke
+	@bash .ci/stage.sh test-cpu $(MAKE) --no-print-directory test-cpu PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
+	@bash .ci/stage.sh test-interpreter $(MAKE) --no-print-directory test-interpreter PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
 
 demo: $(STAMP)
 	$(PY) -m specdraft.demo
