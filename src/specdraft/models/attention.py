@@ -89,36 +89,29 @@ def paged_attention(
     key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
     lens = seq_lens.to(torch.int64)[:, None]
     k_real = key_pos[None, :] < lens  # [B, L]
-    # Zero what is masked: unwritten slots may hold NaN, and 0 * NaN would leak.
-    keys = torch.where(k_real[:, :, None, None], keys, 0).float()
-    values = torch.where(k_real[:, :, None, None], values, 0).float()
     q_index = lens - q_lens[:, None] + torch.arange(max_query_len, device=query.device)[None, :]  # [B, Q]
     visible = k_real[:, None, :] & (key_pos[None, None, :] <= q_index[:, :, None]) & q_real[:, :, None]  # [B, Q, L]
-
     q = query.index_select(0, token.reshape(-1)).view(num_reqs, max_query_len, kv_heads, heads // kv_heads, dim)
-    scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
-    scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
-    # A row with nothing visible (a padded query) gets uniform weights; zero them.
-    probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
-    # An explicit copy before the merge of (kv_heads, group): torch 2.11's nested compile
-    # region traced the reshape as a view of the einsum's layout, which its fake-tensor
-    # pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
-    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).clone(memory_format=torch.contiguous_format)
-    out = out.view(num_reqs, max_query_len, heads, dim)
+    out = _attend_visible(q, keys, values, visible, scale)
     return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)
 
 
 def _attend_visible(q, keys, values, visible, scale):
     """q [B, Q, kv_heads, group, D] over keys / values [B, L, kv_heads, D] where
-    visible [B, Q, L]: [B, Q, kv_heads * group, D] fp32. Masked keys and values are
-    zeroed first (an unwritten slot may hold NaN, and 0 * NaN would leak)."""
+    visible [B, Q, L]: [B, Q, kv_heads * group, D] fp32. Keys no query sees are zeroed
+    first (an unwritten slot may hold NaN, and 0 * NaN would leak); a query that sees
+    nothing (padding) gets zeros."""
     real = visible.any(1)[:, :, None, None]
     keys, values = torch.where(real, keys, 0).float(), torch.where(real, values, 0).float()
     scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
     scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
+    # A row with nothing visible gets uniform weights from softmax; zero them.
     probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
+    # An explicit copy before the merge of (kv_heads, group): torch 2.11's nested compile
+    # region traced a reshape here as a view of the einsum's layout, which its fake-tensor
+    # pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
     out = torch.einsum("bhgql,blhd->bqhgd", probs, values).clone(memory_format=torch.contiguous_format)
-    return out.view(*out.shape[:2], -1, out.shape[-1])  # the copy: see paged_attention
+    return out.view(*out.shape[:2], -1, out.shape[-1])
 
 
 def _grouped(query, kv_heads):
