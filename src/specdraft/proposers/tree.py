@@ -115,11 +115,12 @@ def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffer
     return model.step_outputs(layer, h)
 
 
-def empty_buffers(model, kv_caches, batch: int, slots: int) -> dict:
-    """Zeroed key / value buffers [B, slots, kv_heads, head_dim] per KV layer the tree steps use."""
-    shape = (batch, slots, model.config.num_kv_heads, model.config.head_dim)
-    caches = {model.kv_layer(step) for step in range(1, max(2, slots + 1))}
-    return {i: (kv_caches[i].new_zeros(shape), kv_caches[i].new_zeros(shape)) for i in caches if i < len(kv_caches)}
+def empty_buffers(model, kv_caches, batch: int, tree: TreeShape) -> dict:
+    """Zeroed key / value buffers [B, (depth - 1) * topk, kv_heads, head_dim] for each
+    KV layer that tree steps 1 .. depth - 1 use."""
+    size = (batch, (tree.depth - 1) * tree.topk, model.config.num_kv_heads, model.config.head_dim)
+    caches = {model.kv_layer(step) for step in range(1, tree.depth)}
+    return {i: (kv_caches[i].new_zeros(size), kv_caches[i].new_zeros(size)) for i in caches}
 
 
 def draft_tree(
@@ -140,7 +141,7 @@ def draft_tree(
 
     root_positions = position_rows(positions, sample_index)
     slots = (shape.depth - 1) * topk
-    buffers = empty_buffers(model, kv_caches, batch, slots)
+    buffers = empty_buffers(model, kv_caches, batch, shape)
     hidden = h_next.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
     ancestry = torch.zeros(batch, topk, slots, dtype=torch.bool, device=h_next.device)  # buffer entries seen
     lane = torch.arange(topk, device=h_next.device)
