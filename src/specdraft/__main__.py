@@ -68,15 +68,17 @@ def is_bad_input(error: BaseException) -> bool:
     return isinstance(error, (ValueError, OSError, SafetensorError))
 
 
-def run_reporting_errors(fn, *args) -> int:
+def run_reporting_errors(fn, *args, quiet: bool = False) -> int:
     """fn(*args), with bad input (is_bad_input) printed as one `error: ...` line on
-    stderr and exit status 2."""
+    stderr and exit status 2; quiet: exit status 2 without the line (a torchrun rank
+    other than 0, whose error rank 0 reports)."""
     try:
         return fn(*args)
     except Exception as error:
         if not is_bad_input(error):
             raise
-        print(f"error: {one_line(error)}", file=sys.stderr)
+        if not quiet:
+            print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
 
 

@@ -115,18 +115,8 @@ def check_shards(paths: list[Path], head) -> None:
 
 def main(argv=None, prog: str = "python -m specdraft.eval") -> int:
     args = parse_args(argv, prog)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports, naming the rank that failed
-        return quiet_on_bad_input(run, args)
-    return run_reporting_errors(run, args)
-
-
-def quiet_on_bad_input(fn, *args) -> int:
-    try:
-        return fn(*args)
-    except Exception as error:
-        if not is_bad_input(error):
-            raise
-        return 2
+    # Under torchrun, rank 0 reports an error, naming the rank that failed.
+    return run_reporting_errors(run, args, quiet=os.environ.get("RANK", "0") != "0")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,7 +178,7 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     from specdraft.training.report import format_table, plot_acceptance
     from specdraft.training.shards import shard_paths
 
-    with all_ranks_or_none(ranks, "setup"):
+    with all_ranks_or_none(ranks, "setup", is_bad_input):
         if ranks.is_main:  # the outputs and the cheap checks before the evaluation, not after it
             check_outputs(args)
         paths = shard_paths(args.data)
@@ -201,7 +191,7 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     progress = ranks.is_main and not args.no_progress
     if not args.eager and progress:
         evaluator.step = announce_first_call(evaluator.step, "the evaluation step", device)
-    with all_ranks_or_none(ranks, "evaluate"):
+    with all_ranks_or_none(ranks, "evaluate", is_bad_input):
         if mine:
             sums, timing = evaluate(evaluator, mine, max_batch_tokens=args.max_batch_tokens or None, progress=progress)
         else:  # more ranks than shards

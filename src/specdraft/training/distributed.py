@@ -110,11 +110,14 @@ class RankFailed(RuntimeError):
 
 
 @contextmanager
-def all_ranks_or_none(ranks: Ranks, stage: str) -> Iterator[None]:
+def all_ranks_or_none(
+    ranks: Ranks, stage: str, bad_input=lambda error: isinstance(error, ValueError)
+) -> Iterator[None]:
     """Run a stage on every rank; if any rank raises, every rank raises when the
-    stage ends: the failing rank its own error, the others RankFailed (a ValueError
-    where the failing rank's error was bad input), naming the rank and its message.
-    Outside torch.distributed this is a plain block."""
+    stage ends: the failing rank its own error, the others RankFailed, naming the rank
+    and its message (RankFailedBadInput, a ValueError too, where the failing rank's
+    error was bad_input(error): the caller's classification, e.g. the CLIs' one-line
+    errors). Outside torch.distributed this is a plain block."""
     if not ranks.distributed:
         yield
         return
@@ -123,16 +126,15 @@ def all_ranks_or_none(ranks: Ranks, stage: str) -> Iterator[None]:
         yield
     except Exception as caught:  # noqa: BLE001 - every error must reach the other ranks
         error = caught
-    message = None if error is None else (type(error).__name__, " ".join(str(error).split()))
+    message = None if error is None else (type(error).__name__, " ".join(str(error).split()), bad_input(error))
     messages = [None] * ranks.world_size
     dist.all_gather_object(messages, message)
     if error is not None:
         raise error
     for rank, failed in enumerate(messages):
         if failed is not None:
-            kind, text = failed
-            bad_input = kind in ("ValueError", "OSError", "FileNotFoundError", "PermissionError", "SafetensorError")
-            raise (RankFailedBadInput if bad_input else RankFailed)(f"rank {rank} ({stage}): {kind}: {text}")
+            kind, text, was_bad_input = failed
+            raise (RankFailedBadInput if was_bad_input else RankFailed)(f"rank {rank} ({stage}): {kind}: {text}")
 
 
 class RankFailedBadInput(RankFailed, ValueError):
