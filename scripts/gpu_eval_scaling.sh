@@ -7,13 +7,8 @@
 # 2. one process on GPU 0 (a cold Inductor cache: its first shard holds the compile);
 # 3. torchrun --nproc-per-node NGPU (the cache now warm);
 # 4. scripts/compare_eval_runs.py: equal sums, tokens/s, scaling efficiency.
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_eval_scaling}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+DEFAULT_OUT=/tmp/gpu_eval_scaling
+source "$(dirname "$0")/gpu_setup.sh"
 NGPU=$(nvidia-smi -L | wc -l)
 DATA=/tmp/e8b
 ARGS=(--device cuda --steps 7)

@@ -5,13 +5,8 @@
 #   bash scripts/gpu_issue24.sh suite    # the whole GPU suite (over every GPU), then bench_vocab_metrics
 # Each stage fits one 10-minute device call; every step has its own time limit so
 # that one hang cannot take the others' logs with it.
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_issue24}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+DEFAULT_OUT=/tmp/gpu_issue24
+source "$(dirname "$0")/gpu_setup.sh"
 
 case "${1:-unroll}" in
 unroll)

@@ -5,12 +5,8 @@
 #    tree_verify op's Triton kernels against the reference and the oracle);
 # 2. benchmarks/bench_tree.py: chains and trees on the demo pair, B = 1, compiled
 #    with mode="reduce-overhead" (acceptance length, decode tokens/s, lossless check).
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu_issue26}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+DEFAULT_OUT=/tmp/gpu_issue26
+source "$(dirname "$0")/gpu_setup.sh"
 SPECDRAFT_DEVICE=cuda timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider -m "not interpreter" -rf \
     tests/proposers/test_tree_draft.py tests/proposers/test_tree_build.py tests/generation/test_tree_greedy.py \
     tests/generation/test_tree_sampling.py tests/generation/test_tree_cuda_graph.py tests/ops/sampling/ tests/testing/test_invalid_strategies.py -k "tree" 2>&1 | tee "$OUT/tests_tree.log" | tail -25
