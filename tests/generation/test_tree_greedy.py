@@ -31,13 +31,13 @@ def pair():
     return load_demo_pair()
 
 
-def tree_decoder(target, head, shape: TreeShape, num_reqs: int):
-    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=MAX_MODEL_LEN,
+def tree_decoder(target, head, shape: TreeShape, num_reqs: int, max_model_len: int = MAX_MODEL_LEN, **options):
+    """A TreeSpeculativeDecoder over the pair, its draft caches sized for N - 1 nodes past a request."""
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=max_model_len,
                                block_size=BLOCK_SIZE)  # fmt: skip
-    blocks = num_kv_blocks(num_reqs, MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
-    return TreeSpeculativeDecoder(
-        target, EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE)), shape
-    )
+    blocks = num_kv_blocks(num_reqs, max_model_len, shape.num_verify_tokens - 1, BLOCK_SIZE)
+    proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
+    return TreeSpeculativeDecoder(target, proposer, shape, **options)
 
 
 def cut_at(tokens: list[int], eos: int) -> list[int]:
@@ -134,12 +134,8 @@ def test_a_thousand_iterations_compile_once(pair):
 
     target, head = pair
     shape = TreeShape(3, 2, 6)
-    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=shape.depth, max_model_len=320,
-                               block_size=BLOCK_SIZE)  # fmt: skip
-    blocks = num_kv_blocks(2, 320, shape.num_verify_tokens - 1, BLOCK_SIZE)
-    proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
     torch._dynamo.reset()
-    decoder = TreeSpeculativeDecoder(target, proposer, shape, compile={"backend": "eager"})
+    decoder = tree_decoder(target, head, shape, 2, max_model_len=320, compile={"backend": "eager"})
     texts = [list(t.encode()) for t in SNIPPETS]
     iterations, lengths = 0, set()
     with CompileCounts.measure() as counts:
@@ -153,3 +149,29 @@ def test_a_thousand_iterations_compile_once(pair):
     assert iterations >= 1000
     assert len(lengths) > 5  # the acceptance did vary
     assert (counts.graph_breaks, counts.compiles) == (0, 1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_tree_iteration_compiles_once(pair, backend):
+    """The whole tree iteration (verify -> walk -> KV move -> commit -> propose_tree)
+    under torch.compile(fullgraph=True): the eager output, no graph break, one
+    compile for every iteration of the run and none for a second run. Inductor too:
+    it lowers the tree masks and the in-place KV move differently from eager."""
+    from specdraft.testing import CompileCounts
+
+    target, head = pair
+    shape = TreeShape(3, 2, 6)
+    run = {"max_new_tokens": [12, 9, 14]}
+    want = tree_decoder(target, head, shape, len(PROMPTS)).generate(PROMPTS, **run)
+    torch._dynamo.reset()
+    compiled = tree_decoder(target, head, shape, len(PROMPTS), compile={"backend": backend})
+    with CompileCounts.measure() as first:
+        got = compiled.generate(PROMPTS, **run)
+    with CompileCounts.measure() as again:
+        got_again = compiled.generate(PROMPTS, **run)
+    for result in (got, got_again):
+        assert [t.tolist() for t in result.tokens] == [t.tolist() for t in want.tokens]
+        assert torch.equal(result.stats.accepted_per_position, want.stats.accepted_per_position)
+    assert int(want.stats.num_verify_passes) > 2
+    assert (first.graph_breaks, first.compiles) == (0, 1)
+    assert (again.graph_breaks, again.compiles) == (0, 0)
