@@ -4,23 +4,20 @@ outputs equal the same compiled loop run without graphs."""
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from specdraft.config import SpeculativeConfig
 from specdraft.proposers import EagleProposer
 from specdraft.testing import fresh_compile
 from specdraft.testing.proposers import make_draft_batch
 
+from fixtures.cuda_graphs import launches
 from fixtures.draft_heads import VOCAB, make_head
 
 pytestmark = pytest.mark.cuda  # CUDA graphs need a CUDA device
 
 
 def graph_launches(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch")
+    return launches(fn).get("cudaGraphLaunch", 0)
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
