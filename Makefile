@@ -12,8 +12,10 @@ VENV ?= .venv
 SMOKE_VENV ?= .venv-smoke
 PY := $(VENV)/bin/python
 PYTEST_FLAGS ?= -q
-# Two workers: CI has two cores, and compile tests are CPU-bound.
-XDIST ?= -n 2
+# Two workers: CI has two cores, and compile tests are CPU-bound. loadfile keeps a
+# file on one worker (its module fixtures compile once); files go out heaviest first
+# (tests/conftest.py, tests/file_durations.json), so neither worker idles at the end.
+XDIST ?= -n 2 --dist loadfile
 STAMP := $(VENV)/.specdraft-installed
 
 .PHONY: install lint wheel-smoke test test-cpu test-interpreter demo gpu-test gpu-bench clean

@@ -11,7 +11,9 @@ Lanes, chosen by marker alone:
 - everything else: the CPU (or SPECDRAFT_DEVICE=cuda) lane.
 """
 
+import json
 import os
+from pathlib import Path
 
 # Before torch starts CUDA: with SPECDRAFT_GPUS=N on a machine of N GPUs, xdist worker
 # gwK sees GPU K % N alone, so "cuda" in every test means that worker's GPU and the
@@ -24,6 +26,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from fixtures import compile_profile  # noqa: E402
 from fixtures.lanes import DEVICE, INTERPRETER  # noqa: E402
 
 # ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
@@ -47,7 +50,25 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     raise pytest.UsageError("SPECDRAFT_DEVICE=cuda but torch sees no CUDA device")
 
 
+def pytest_configure(config):
+    compile_profile.register(config)  # SPECDRAFT_TEST_PROFILE=DIR only
+
+
+# Seconds per test file and lane, from a profile of the suite (scripts/test_profile.py
+# --write-durations): the heaviest files are handed out first (pytest-xdist's
+# loadfile), so no worker idles at the end behind one long file. A file not listed
+# yet counts as the heaviest.
+FILE_SECONDS = json.loads((Path(__file__).parent / "file_durations.json").read_text())
+
+
+def heaviest_files_first(items) -> None:
+    seconds = FILE_SECONDS.get("interpreter" if INTERPRETER else "cpu", {})
+    # A stable sort on the file alone: each file's tests stay together, in their order.
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], float("inf")))
+
+
 def pytest_collection_modifyitems(config, items):
+    heaviest_files_first(items)
     no_interpreter = pytest.mark.skip(reason="interpreter lane only: needs TRITON_INTERPRET=1 before triton loads")
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
