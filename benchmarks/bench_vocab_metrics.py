@@ -25,10 +25,7 @@ import torch
 
 from specdraft.ops import vocab_metrics
 
-# (BLOCK_V, num_warps, tiles per chunk, programs per SM); the module default goes first.
-# 64 tiles of 2048 hold a whole 128k row per item: the one-program-per-row layout.
-TILES = [(2048, 8, 4, 2), (2048, 8, 16, 2), (2048, 8, 64, 2), (2048, 8, 8, 3), (2048, 4, 8, 4), (1024, 4, 16, 4),
-         (4096, 16, 4, 1)]  # fmt: skip
+TILES = [(2048, 8), (1024, 4), (1024, 8), (4096, 16)]  # (BLOCK_V, num_warps); first: the module default
 
 
 def plain_metrics(draft, target, draft_ids):
@@ -120,30 +117,20 @@ def bench(rows: int, shapes, device: str, compile_plain: bool):
 
 
 def sweep_tiles(rows: int, vocab: int, device: str):
-    """The kernel's (BLOCK_V, num_warps, tiles per chunk, programs per SM) at V = vocab,
-    no map, sampled; the module default is the first row."""
+    """The kernel's (BLOCK_V, num_warps) at V = vocab, no map; the module default is the first row."""
     module = importlib.import_module("specdraft.ops.vocab_metrics")  # not the function of the same name
-    names = ("BLOCK_V", "NUM_WARPS", "CHUNK_TOKENS", "PROGRAMS_PER_SM")
-    saved = tuple(getattr(module, name) for name in names)
-    defaults = (module.BLOCK_V, module.NUM_WARPS, module.CHUNK_TOKENS // module.BLOCK_V, module.PROGRAMS_PER_SM)
+    defaults = (module.BLOCK_V, module.NUM_WARPS)
     draft, target, _, _ = make_inputs(rows, vocab, vocab, device)
     nbytes = 2 * draft.numel() * draft.element_size()
     copy = copy_gbs(nbytes, device)
     table = []
     for config in [defaults] + [c for c in TILES if c != defaults]:
-        block, warps, tiles, per_sm = config
-        module.BLOCK_V, module.NUM_WARPS, module.CHUNK_TOKENS, module.PROGRAMS_PER_SM = (
-            block,
-            warps,
-            block * tiles,
-            per_sm,
-        )
+        module.BLOCK_V, module.NUM_WARPS = config
         for divergence in (False, True):
             ms = time_ms(lambda d=divergence: vocab_metrics(draft, target, 1.0, divergence=d), device)
             gbs = nbytes / (ms * 1e-3) / 1e9
             table.append([*config, "yes" if divergence else "no", ms, gbs, 100 * gbs / copy])
-    for name, value in zip(names, saved, strict=True):
-        setattr(module, name, value)
+    module.BLOCK_V, module.NUM_WARPS = defaults
     return table
 
 
@@ -185,16 +172,7 @@ def main(argv=None) -> None:
     headers = ["V / Vd", "implementation", "ms", "peak extra MiB", "GB/s (logits read once)", "% of copy"]
     sections = [header, "### vocab_metrics vs plain torch\n\n" + markdown(headers, bench(args.rows, args.shapes, device, not args.no_compile))]  # fmt: skip
     if args.tiles:
-        tile_headers = [
-            "BLOCK_V",
-            "num_warps",
-            "tiles per chunk",
-            "programs per SM",
-            "CE/KL",
-            "ms",
-            "GB/s",
-            "% of copy",
-        ]
+        tile_headers = ["BLOCK_V", "num_warps", "CE/KL", "ms", "GB/s", "% of copy"]
         for vocab in sorted({v for v, _ in args.shapes}):
             sections.append(f"### tiles (V = {vocab}, no map)\n\n" + markdown(tile_headers, sweep_tiles(args.rows, vocab, device)))  # fmt: skip
     emit("bench_vocab_metrics", "\n\n".join(sections))

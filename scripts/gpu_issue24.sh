@@ -45,10 +45,10 @@ suite | suite-a | suite-b)
     ;;
 suite-rest)
     # The tests a timed-out half did not finish: one node id per line in $2.
-    SPECDRAFT_DEVICE=cuda timeout 250 xargs -a "$2" -d '\n' python3 -m pytest -v -n 12 -p no:cacheprovider \
-        -p no:benchmark -rfEs --durations=25 > "$OUT/suite-rest.log" 2>&1
+    SPECDRAFT_DEVICE=cuda timeout ${LIMIT:-250} xargs -a "$2" -d '\n' python3 -m pytest -v -n 12 --dist loadfile -p no:cacheprovider \
+        -p no:benchmark -rfEs --durations=25 > "$OUT/$(basename "$2" .txt).log" 2>&1
     echo "pytest exit $?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite-rest.log" | tail -25
+    grep -E "^(FAILED|ERROR)|passed|failed|PASSED" "$OUT/$(basename "$2" .txt).log" | tail -25
     ;;
 vocab)
     SPECDRAFT_DEVICE=cuda timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider -p no:benchmark -rfE \

@@ -25,11 +25,14 @@ A row of all -inf logits has no mass (lse -inf, no acceptance, argmax 0). With
 target_is_probs, target holds probabilities: p = softmax(log(target) / s) (target
 itself at s = 1), target_lse = logsumexp(log(target) / s).
 
-The kernel (vocab_metrics_kernel.py): rows split into vocabulary chunks, worked
-through as numbered items by a fixed set of programs, so that the second read of a
-chunk (a sampled row needs both normalisers before sum_i min(p, q)) comes from L2. In
-base 2, min(p, q) = 2**min(log2 p, log2 q): one exp2 per token pair. Extra memory: the
-outputs, O(N), and a workspace of a few hundred KB whatever N.
+The kernel: one program per row, two passes over the row's tiles. Pass 1 keeps, per
+lane, the online-softmax statistics and the argmax of both rows (and, for divergence
+with a map, the target's statistics on the draft ids). Pass 2 needs both normalisers;
+it reads the tiles back to front, so the tiles pass 1 read last, the likeliest still
+in L2, come first. In base 2, min(p, q) = 2**min(log2 p, log2 q): one exp2 per token
+pair. Extra memory: the outputs, O(N). The row scans' per-lane statistics are
+ops/common/scan.py's; the reads of a draft tile and of the target at its ids,
+vocab_metrics_tiles.py's.
 """
 
 from typing import NamedTuple
@@ -39,15 +42,24 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
 
-from .backend import NAMESPACE, TRITON_INTERPRET, use_triton
-from .common.fastmath import FAST_LOG2
-from .vocab_metrics_kernel import INDICES, PARTIALS, STATS, vocab_metrics_kernel, work_plan
+from .backend import NAMESPACE, TRITON_INTERPRET, tl, triton, use_triton
 
-# The interpreter emulates every lane in NumPy: small blocks and chunks keep it fast and
-# make small test vocabularies span several chunks, with a ring of few slots reused.
+# Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
+# calls, and a module attribute is not carried along.
+from .common.fastmath import FAST_LOG2, exp2
+from .common.scan import (
+    lane_argmax_finish,
+    lane_argmax_init,
+    lane_argmax_update,
+    lane_lse2,
+    lane_softmax_init,
+    lane_softmax_update,
+)
+from .vocab_metrics_tiles import draft_tile, load_target, target_log2
+
+# The interpreter emulates every lane in NumPy: small blocks keep it fast and make
+# small test vocabularies span several tiles (and pass 2's reversed order matter).
 BLOCK_V = 16 if TRITON_INTERPRET else 2048
-CHUNK_TOKENS = 2 * BLOCK_V if TRITON_INTERPRET else 8 * BLOCK_V
-PROGRAMS_PER_SM = 2
 NUM_WARPS = 8
 # The reference's rows per chunk in eager mode: about 4M elements per fp32 temporary.
 REFERENCE_CHUNK_ELEMENTS = 1 << 22
@@ -63,6 +75,150 @@ class VocabMetrics(NamedTuple):
     accept: torch.Tensor  # [N] fp32, sum_i min(p, q)
     cross_entropy: torch.Tensor  # [N] fp32, or [0] without divergence
     kl: torch.Tensor  # [N] fp32, or [0] without divergence
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _second_pass(
+    draft_row, target_row, d2t_ptr, draft_vocab, vocab, draft_gain, target_gain, d_lse2, t_lse2, o_lse2,
+    HAS_MAP: tl.constexpr, PROBS: tl.constexpr, DIVERGENCE: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """(sum min(p, q), cross-entropy, KL) of one row, its normalisers known (base 2).
+    Tiles back to front: the ones pass 1 read last are the likeliest still in L2."""
+    # A normaliser of -inf (an empty row) becomes +inf: that row's probabilities are 0, not NaN.
+    d_norm = tl.where(d_lse2 == float("-inf"), float("inf"), d_lse2)
+    t_norm = tl.where(t_lse2 == float("-inf"), float("inf"), t_lse2)
+    o_norm = tl.where(o_lse2 == float("-inf"), float("inf"), o_lse2)
+    lanes = tl.arange(0, BLOCK)
+    min_lane = tl.zeros([BLOCK], tl.float32)
+    ce_lane = tl.zeros([BLOCK], tl.float32)
+    kl_lane = tl.zeros([BLOCK], tl.float32)
+    num_blocks = tl.cdiv(draft_vocab, BLOCK)
+    tile = draft_tile(draft_row, target_row, d2t_ptr, (num_blocks - 1) * BLOCK + lanes, draft_vocab, vocab, True,
+                      HAS_MAP, PROBS)  # fmt: skip
+    for back in range(0, num_blocks):
+        idx = (num_blocks - 1 - back) * BLOCK + lanes
+        x, xt = tile
+        # Prefetch: the next tile's loads are in flight while this one is summed.
+        tile = draft_tile(draft_row, target_row, d2t_ptr, idx - BLOCK, draft_vocab, vocab, True, HAS_MAP, PROBS)
+        zt = target_log2(xt.to(tl.float32), target_gain, PROBS)
+        log_q = x.to(tl.float32) * draft_gain - d_norm
+        log_p = zt - t_norm
+        if DIVERGENCE:
+            log_pd = zt - o_norm
+            pd = exp2(log_pd, FAST)
+            if HAS_MAP:
+                p = exp2(log_p, FAST)
+            else:
+                p = pd  # without a map the draft vocabulary is the whole vocabulary: pd is p
+            min_lane += tl.minimum(p, exp2(log_q, FAST))
+            counted = pd > 0
+            ce_lane += tl.where(counted, -pd * log_q, 0.0)
+            kl_lane += tl.where(counted, pd * (log_pd - log_q), 0.0)
+        else:
+            # min(p, q) = 2**min(log2 p, log2 q): one exp2 per token pair.
+            min_lane += exp2(tl.minimum(log_p, log_q), FAST)
+    ln2 = 0.6931471805599453
+    return tl.sum(min_lane, 0), tl.sum(ce_lane, 0) * ln2, tl.sum(kl_lane, 0) * ln2
+
+
+@triton.jit
+def _vocab_metrics_kernel(
+    draft_ptr, target_ptr, temperature_ptr, d2t_ptr,
+    draft_token_ptr, target_token_ptr, draft_lse_ptr, target_lse_ptr, accept_ptr, ce_ptr, kl_ptr,  # out
+    draft_vocab, vocab, draft_stride, target_stride, temperature_stride,
+    HAS_MAP: tl.constexpr, PROBS: tl.constexpr, DIVERGENCE: tl.constexpr, BLOCK: tl.constexpr,
+    FAST: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temperature_ptr + row * temperature_stride).to(tl.float32)
+    sampled = temp > 0  # anything else (T <= 0, NaN) is greedy
+    scale = tl.where(sampled, temp, 1.0)
+    draft_gain = 1.4426950408889634 / scale  # log2(e) / s: base-2 logits
+    if PROBS:
+        target_gain = 1.0 / scale
+    else:
+        target_gain = draft_gain
+    draft_row = draft_ptr + row * draft_stride
+    target_row = target_ptr + row * target_stride
+    lanes = tl.arange(0, BLOCK)
+    # Pass 1 reads the target along the draft ids when they are its own ids (no map), or for
+    # the divergences' normaliser on the draft vocabulary.
+    DRAFT_IDS_TARGET: tl.constexpr = DIVERGENCE or not HAS_MAP
+
+    # Pass 1: per-lane softmax statistics and argmax of both rows. Each loop prefetches:
+    # the next tile's loads are in flight while this one is reduced.
+    d_max, d_sum = lane_softmax_init(BLOCK)
+    t_max, t_sum = lane_softmax_init(BLOCK)
+    o_max, o_sum = lane_softmax_init(BLOCK)  # the target on the draft ids (divergence with a map)
+    d_best, d_idx = lane_argmax_init(0, BLOCK)
+    t_best, t_idx = lane_argmax_init(0, BLOCK)
+    if HAS_MAP:
+        target_next = load_target(target_row, lanes, lanes < vocab, PROBS)
+        for off in range(0, vocab, BLOCK):
+            idx = off + lanes
+            xt = target_next.to(tl.float32)
+            target_next = load_target(target_row, idx + BLOCK, idx + BLOCK < vocab, PROBS)
+            t_best, t_idx = lane_argmax_update(t_best, t_idx, xt, idx)
+            t_max, t_sum = lane_softmax_update(t_max, t_sum, target_log2(xt, target_gain, PROBS), FAST)
+    tile = draft_tile(draft_row, target_row, d2t_ptr, lanes, draft_vocab, vocab, DRAFT_IDS_TARGET,
+                      HAS_MAP, PROBS)  # fmt: skip
+    for off in range(0, draft_vocab, BLOCK):
+        idx = off + lanes
+        x, xt = tile
+        tile = draft_tile(draft_row, target_row, d2t_ptr, idx + BLOCK, draft_vocab, vocab, DRAFT_IDS_TARGET,
+                          HAS_MAP, PROBS)  # fmt: skip
+        x = x.to(tl.float32)
+        d_best, d_idx = lane_argmax_update(d_best, d_idx, x, idx)
+        d_max, d_sum = lane_softmax_update(d_max, d_sum, x * draft_gain, FAST)
+        if HAS_MAP:
+            if DIVERGENCE:
+                zt = target_log2(xt.to(tl.float32), target_gain, PROBS)
+                o_max, o_sum = lane_softmax_update(o_max, o_sum, zt, FAST)
+        else:  # the same ids: the target's own statistics
+            xt = xt.to(tl.float32)
+            t_best, t_idx = lane_argmax_update(t_best, t_idx, xt, idx)
+            t_max, t_sum = lane_softmax_update(t_max, t_sum, target_log2(xt, target_gain, PROBS), FAST)
+    _, d_arg = lane_argmax_finish(d_best, d_idx)
+    _, t_arg = lane_argmax_finish(t_best, t_idx)
+    d_lse2 = lane_lse2(d_max, d_sum)
+    t_lse2 = lane_lse2(t_max, t_sum)
+    o_lse2 = t_lse2
+    draft_token = d_arg.to(tl.int64)
+    if HAS_MAP:
+        draft_token += tl.load(d2t_ptr + d_arg).to(tl.int64)
+        if DIVERGENCE:
+            o_lse2 = lane_lse2(o_max, o_sum)
+
+    # Pass 2, skipped by a greedy row unless it needs the divergences.
+    min_sum = tl.zeros([], tl.float32)
+    ce = tl.zeros([], tl.float32)
+    kl = tl.zeros([], tl.float32)
+    if DIVERGENCE:
+        min_sum, ce, kl = _second_pass(
+            draft_row, target_row, d2t_ptr, draft_vocab, vocab, draft_gain, target_gain, d_lse2, t_lse2, o_lse2,
+            HAS_MAP, PROBS, DIVERGENCE, BLOCK, FAST,
+        )  # fmt: skip
+    else:
+        if sampled:
+            min_sum, ce, kl = _second_pass(
+                draft_row, target_row, d2t_ptr, draft_vocab, vocab, draft_gain, target_gain, d_lse2, t_lse2, o_lse2,
+                HAS_MAP, PROBS, DIVERGENCE, BLOCK, FAST,
+            )  # fmt: skip
+    # Greedy: p and q are one-hot, sum min(p, q) is the match.
+    accept = tl.where(sampled, min_sum, (draft_token == t_arg).to(tl.float32))
+
+    ln2 = 0.6931471805599453
+    tl.store(draft_token_ptr + row, draft_token.to(tl.int32))
+    tl.store(target_token_ptr + row, t_arg)
+    tl.store(draft_lse_ptr + row, d_lse2 * ln2)
+    tl.store(target_lse_ptr + row, t_lse2 * ln2)
+    tl.store(accept_ptr + row, accept)
+    if DIVERGENCE:
+        tl.store(ce_ptr + row, ce)
+        tl.store(kl_ptr + row, kl)
 
 
 # ------------------------------------------------------------------------ reference
@@ -153,33 +309,15 @@ def _vocab_metrics_op(
     if rows == 0:
         return outs
     draft_token, target_token, draft_lse, target_lse, accept, ce, kl = outs
-    programs = _programs(draft_logits.device)
-    vocab = target.shape[1]
-    num_chunks, d_chunk, t_chunk, lag, ring = work_plan(rows, draft_vocab, vocab, programs, CHUNK_TOKENS, BLOCK_V)
-    device = draft_logits.device
-    stats = torch.empty((ring * num_chunks * STATS,), dtype=torch.float32, device=device)
-    indices = torch.empty((ring * num_chunks * INDICES,), dtype=torch.int32, device=device)
-    partials = torch.empty((ring * num_chunks * PARTIALS,), dtype=torch.float32, device=device)
-    counters = torch.zeros((1 + 3 * ring,), dtype=torch.int32, device=device)  # the ticket, then 3 per slot
-    wrap_triton(vocab_metrics_kernel)[(programs,)](
+    wrap_triton(_vocab_metrics_kernel)[(rows,)](
         draft_logits, target, temperature, draft_logits if d2t is None else d2t,
         draft_token, target_token, draft_lse, target_lse, accept,
         ce if divergence else accept, kl if divergence else accept,  # unused pointers without divergence
-        stats, indices, partials, counters,
-        rows, draft_vocab, vocab, draft_logits.stride(0), target.stride(0), temperature.stride(0),
-        num_chunks, d_chunk, t_chunk, lag, ring,
-        HAS_MAP=d2t is not None, PROBS=target_is_probs, DIVERGENCE=divergence, BLOCK=BLOCK_V,
-        CHUNKS_PAD=1 << max(1, (num_chunks - 1).bit_length()), FAST=FAST_LOG2, num_warps=NUM_WARPS,
+        draft_vocab, target.shape[1], draft_logits.stride(0), target.stride(0), temperature.stride(0),
+        HAS_MAP=d2t is not None, PROBS=target_is_probs, DIVERGENCE=divergence, BLOCK=BLOCK_V, FAST=FAST_LOG2,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
     return outs
-
-
-def _programs(device: torch.device) -> int:
-    """Programs to launch: PROGRAMS_PER_SM per SM on CUDA; 2 in the interpreter, which
-    runs them one after another (program 0 takes every item)."""
-    if device.type != "cuda":
-        return 2
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @_vocab_metrics_op.register_fake
