@@ -59,7 +59,9 @@ echo "wheel-smoke: installed $(basename "$wheel")"
 # From a folder outside the source tree, so only the installed package can be found.
 cd "$work"
 "$PY" "$ROOT/.ci/smoke_imports.py" "$work/src/src/specdraft"
-"$PY" -m specdraft.demo
+# --no-compile: the compiled demo is the CPU lane's (tests/generation); this step checks
+# the installed package: its imports, its data files and what it declares.
+"$PY" -m specdraft.demo --no-compile
 
 # A library user's path, which needs what the wheel declares (numpy, through
 # safetensors): save a head, capture a target's outputs as shards, evaluate them.

@@ -49,6 +49,16 @@ def test_demo_finds_identical_outputs_and_accepts_drafts(capsys):
     assert number(r"sampled run .*mean acceptance length ([0-9.]+)", out) > 1
 
 
+def test_compiled_demo_finds_identical_outputs(capsys):
+    """`make demo` as shipped: both iterations compiled with the demo's options (the
+    wheel smoke step runs the installed package with --no-compile)."""
+    status, out, _ = run_demo(capsys, ["--prompts", "2", "--max-new-tokens", "24", "--k", "3", "--no-progress"])
+    assert status == 0, out
+    assert "torch.compile(fullgraph=True" in out
+    assert "greedy outputs identical: yes (2 prompts, 48 tokens" in out
+    assert number(r"mean acceptance length\s+([0-9.]+)", out) > 1
+
+
 def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
     """A speculative decoder that drops one token is caught."""
     real = SpeculativeDecoder.generate
