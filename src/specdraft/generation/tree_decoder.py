@@ -35,9 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.layout import TreeBatchMetadata
-from specdraft.models.kv_cache import flat_slots
-from specdraft.ops import tree_verify
-from specdraft.proposers.tree_build import TreeShape, ancestor_mask
+from specdraft.ops import tree_ancestors, tree_commit_kv, tree_verify
+from specdraft.proposers.tree_build import TreeShape
 
 from . import checks
 from .decoder import SpeculativeDecoder
@@ -116,19 +115,18 @@ def sampled_walk(logits, tokens, parents, requests: Requests, first_positions, d
 
 def move_path_kv(caches, path, counts, lens, block_table, block_size: int) -> None:
     """Each cache's KV of the accepted path's node at depth d (index path[d], at
-    sequence index lens + path[d]) copied to lens + d, for d = 1 .. counts; other
-    depths copy a slot onto itself. All sources are read before any write, and a
-    destination lens + d (d <= counts) is never a later node's source (a node at
-    depth d has index >= d)."""
+    sequence index lens + path[d]) moved to lens + d, for d = 1 .. counts, by
+    ops.tree_commit_kv (depth by depth); other depths move a slot onto itself. A
+    destination lens + d is never a later depth's source (a node at depth d' > d has
+    index >= d' > d)."""
     depth = path.shape[1] - 1
     levels = torch.arange(1, depth + 1, device=path.device)
     moved = levels[None, :] <= counts[:, None]
     rows = torch.arange(path.shape[0], device=path.device)[:, None].expand(-1, depth)
-    src = slots_of(lens[:, None] + torch.where(moved, path[:, 1:], levels), rows, block_table, block_size).reshape(-1)
-    dst = slots_of(lens[:, None] + levels, rows, block_table, block_size).reshape(-1)
+    src = slots_of(lens[:, None] + torch.where(moved, path[:, 1:], levels), rows, block_table, block_size)
+    dst = slots_of(lens[:, None] + levels, rows, block_table, block_size)
     for cache in caches:
-        flat = flat_slots(cache)
-        flat.index_copy_(1, dst, flat.index_select(1, src))
+        tree_commit_kv(cache, src.contiguous(), dst.contiguous())
 
 
 def sibling_rank(parents: torch.Tensor) -> torch.Tensor:
@@ -203,7 +201,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         n, depth = self.tree.num_verify_tokens, self.tree.depth
         num_reqs, device = state.lens.shape[0], state.lens.device
         tokens = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)  # [B, N]
-        ancestors = ancestor_mask(state.tree_parents)
+        ancestors = tree_ancestors(state.tree_parents)
         rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
         seq_index = state.lens[:, None] + torch.arange(n, device=device)
         positions = state.lens[:, None] + state.tree_depths

@@ -27,10 +27,11 @@ speculative_eagle_topk and TensorRT-LLM's dynamic_tree_max_topK; num_verify_toke
 (the root included) is SGLang's speculative_num_draft_tokens and TensorRT-LLM's
 max_total_draft_tokens + 1.
 
-These are the pure-torch definitions the tree proposer will run (they compile under
-torch.compile(fullgraph=True): every shape is fixed by (B, depth, topk,
-num_verify_tokens)); tests/proposers/test_tree_build.py checks them against a
-plain-Python EAGLE-2 reference.
+The expansion steps are torch here; the final selection and the ancestor mask are
+ops (ops/tree_structure.py: a Triton kernel on CUDA, the torch reference on CPU).
+Everything compiles under torch.compile(fullgraph=True): every shape is fixed by
+(B, depth, topk, num_verify_tokens). tests/proposers/test_tree_build.py checks the
+build against a plain-Python EAGLE-2 reference.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from specdraft.checks import check_int_range
+from specdraft.ops.tree_structure import rows_of_rank, stable_rank, tree_ancestors, tree_select
 
 MAX_DEPTH, MAX_TOPK, MAX_VERIFY_TOKENS = 8, 8, 64
 
@@ -103,27 +105,6 @@ class DraftTree(NamedTuple):
     ancestors: torch.Tensor
 
 
-def stable_rank(scores: torch.Tensor) -> torch.Tensor:
-    """[B, P] int64: each score's place in (descending score, then ascending index)
-    order, a permutation of 0 .. P - 1 per row (NaN ranks as -inf). By counting, not
-    sorting: torch 2.11's Inductor lowers a CUDA sort of a non-power-of-two row
-    (the pool's 68 nodes at depth 5, topk 4) to a kernel that indexed past the row
-    (a device-side assert), and P <= 456 keeps the [B, P, P] comparison small."""
-    s = torch.nan_to_num(scores.float(), nan=float("-inf"))
-    index = torch.arange(s.shape[-1], device=s.device)
-    ahead = (s[..., None, :] > s[..., :, None]) | (
-        (s[..., None, :] == s[..., :, None]) & (index[None, :] < index[:, None])
-    )  # [B, i, j]: j comes before i
-    return ahead.sum(dim=-1)
-
-
-def rows_of_rank(rank: torch.Tensor, k: int) -> torch.Tensor:
-    """[B, k]: the index holding each place 0 .. k - 1 (rank a permutation per row)."""
-    index = torch.arange(rank.shape[-1], device=rank.device)
-    places = torch.arange(k, device=rank.device)
-    return ((rank[..., None, :] == places[:, None]).long() * index).sum(dim=-1)
-
-
 def stable_top(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k highest scores along the last dimension, the lower index first
     among equal scores (torch.topk leaves ties unspecified), sort-free (stable_rank)."""
@@ -162,36 +143,7 @@ def expand_frontier(
 
 def select_tree(pool: TreePool, root_tokens: torch.Tensor, num_verify_tokens: int) -> DraftTree:
     """The root plus the num_verify_tokens - 1 best pool nodes (score, then shallower,
-    then lower pool index), laid out by (depth, pool index)."""
-    batch, size = pool.tokens.shape
-    keep = num_verify_tokens - 1
-    device = pool.tokens.device
-    # The pool is laid out step by step, so a lower pool index is never deeper: one
-    # stable sort by score gives (score, then shallower, then pool index), and
-    # sorting the kept indices gives the (depth, pool index) layout.
-    chosen = stable_rank(pool.scores) < keep
-    kept = rows_of_rank(torch.where(chosen, chosen.long().cumsum(1) - 1, size), keep)  # chosen, in index order
-    # Tree index of every pool node (-1: not kept), then each kept node's parent in it.
-    tree_index = torch.full((batch, size), -1, dtype=torch.long, device=device)
-    tree_index.scatter_(1, kept, torch.arange(1, keep + 1, device=device).expand(batch, keep))
-    pool_parents = pool.parents.gather(1, kept)
-    parents = torch.where(pool_parents < 0, 0, tree_index.gather(1, pool_parents.clamp(min=0)))
-    root = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    parents = torch.cat([root - 1, parents], dim=1)
-    tokens = torch.cat([root_tokens.long()[:, None], pool.tokens.gather(1, kept)], dim=1)
-    depths = torch.cat([root, pool.depths.gather(1, kept)], dim=1)
-    scores = torch.cat([root.float(), pool.scores.gather(1, kept)], dim=1)
-    return DraftTree(tokens, parents, depths, scores, ancestor_mask(parents))
-
-
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """[B, N, N] bool: node j is node i or an ancestor of it, from parents [B, N]
-    (-1 for the root). The reflexive-transitive closure of "j is i's parent", by
-    squaring: after s squarings every path of up to 2**s steps is covered."""
-    batch, n = parents.shape
-    closure = torch.eye(n, device=parents.device).expand(batch, n, n).clone()
-    closure.scatter_(2, parents.clamp(min=0)[..., None], (parents >= 0).float()[..., None])
-    closure[:, 0, 0] = 1.0  # the root's "parent" write (-1 clamped to 0) landed on its own diagonal
-    for _ in range(max(1, (n - 1).bit_length())):
-        closure = ((closure @ closure) > 0).float()
-    return closure > 0
+    then lower pool index), laid out by (depth, pool index), with the ancestor mask:
+    ops.tree_select and ops.tree_ancestors."""
+    tree = tree_select(pool.tokens, pool.scores, pool.parents, pool.depths, root_tokens, num_verify_tokens)
+    return DraftTree(*tree, tree_ancestors(tree.parents))

@@ -1,0 +1,337 @@
+"""Draft-tree structure: the ops a tree iteration runs besides the model and the
+verifier (ops/sampling/tree_verify.py).
+
+- `tree_select`: the tree kept from an EAGLE-2 candidate pool: the root plus the
+  N - 1 best pool nodes by cumulative draft log-probability (ties: the lower pool
+  index, which is never deeper), laid out by pool index (so by depth), with each
+  node's parent as a tree index;
+- `tree_ancestors`: the ancestor mask [B, N, N] of a parent array (node j is node i
+  or an ancestor of it): the draft's and the target's tree attention mask;
+- `tree_commit_kv`: after verification, the accepted path's KV moved into the
+  contiguous slots a chain would have written, in one cache, in place.
+
+One program per request for the first two (N <= 64 and a pool of at most a few
+hundred nodes fit one program's registers), one per (request, feature block) for
+the commit. Each op's reference is the same computation in torch.
+"""
+
+from typing import NamedTuple
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from specdraft.checked_mode import is_checked
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
+
+from .backend import NAMESPACE, cdiv, tl, triton, use_triton
+
+SCAN_BLOCK = 32  # pool nodes compared per step of tree_select's ranking loops
+COMMIT_BLOCK = 1024  # cache features a tree_commit_kv program copies
+
+
+class SelectedTree(NamedTuple):
+    tokens: torch.Tensor  # [B, N] int64: the root token, then the kept nodes' tokens
+    parents: torch.Tensor  # [B, N] int64: -1 for the root, else a tree index < the node's own
+    depths: torch.Tensor  # [B, N] int64: 0 for the root
+    scores: torch.Tensor  # [B, N] fp32: cumulative draft log-probabilities, 0 for the root
+
+
+# ------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tree_select_kernel(
+    tokens_ptr, scores_ptr, parents_ptr, depths_ptr, roots_ptr,
+    out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, index_ptr,  # index: [B, P] scratch
+    pool, keep, POOL_PAD: tl.constexpr, SCAN: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, POOL_PAD)
+    in_pool = i < pool
+    row = b * pool
+    s_i = tl.load(scores_ptr + row + i, mask=in_pool, other=float("-inf")).to(tl.float32)
+    s_i = tl.where(s_i != s_i, float("-inf"), s_i)  # NaN ranks as -inf
+    # Rank by counting: pool node j is ahead of i with a higher score, or an equal one
+    # and a lower index.
+    rank = tl.zeros([POOL_PAD], tl.int32)
+    for j0 in range(0, pool, SCAN):
+        j = j0 + tl.arange(0, SCAN)
+        s_j = tl.load(scores_ptr + row + j, mask=j < pool, other=float("-inf")).to(tl.float32)
+        s_j = tl.where(s_j != s_j, float("-inf"), s_j)
+        ahead = (s_j[None, :] > s_i[:, None]) | ((s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((ahead & (j < pool)[None, :]).to(tl.int32), axis=1)
+    chosen = in_pool & (rank < keep)
+    tl.store(index_ptr + row + i, chosen.to(tl.int32), mask=in_pool)
+    tl.debug_barrier()
+    # A kept node's tree index: 1 + the kept nodes before it in pool order.
+    before = tl.zeros([POOL_PAD], tl.int32)
+    for j0 in range(0, pool, SCAN):
+        j = j0 + tl.arange(0, SCAN)
+        kept_j = tl.load(index_ptr + row + j, mask=j < pool, other=0)
+        before += tl.sum(((kept_j[None, :] != 0) & (j[None, :] < i[:, None])).to(tl.int32), axis=1)
+    tree_index = tl.where(chosen, before + 1, -1)
+    tl.debug_barrier()  # every program thread has read the chosen flags
+    tl.store(index_ptr + row + i, tree_index, mask=in_pool)
+    tl.debug_barrier()
+    pool_parent = tl.load(parents_ptr + row + i, mask=in_pool, other=-1).to(tl.int64)
+    has_parent = chosen & (pool_parent >= 0) & (pool_parent < pool)
+    parent = tl.load(index_ptr + row + pool_parent, mask=has_parent, other=0).to(tl.int64)
+    n = keep + 1
+    dest = b * n + tree_index
+    tl.store(out_tokens_ptr + dest, tl.load(tokens_ptr + row + i, mask=chosen, other=0).to(tl.int64), mask=chosen)
+    tl.store(out_parents_ptr + dest, parent, mask=chosen)
+    tl.store(out_depths_ptr + dest, tl.load(depths_ptr + row + i, mask=chosen, other=0).to(tl.int64), mask=chosen)
+    tl.store(out_scores_ptr + dest, s_i, mask=chosen)
+    root = tl.arange(0, 1)
+    tl.store(out_tokens_ptr + b * n + root, tl.load(roots_ptr + b + root).to(tl.int64))
+    tl.store(out_parents_ptr + b * n + root, tl.full([1], -1, tl.int64))
+    tl.store(out_depths_ptr + b * n + root, tl.zeros([1], tl.int64))
+    tl.store(out_scores_ptr + b * n + root, tl.zeros([1], tl.float32))
+
+
+@triton.jit
+def _tree_ancestors_kernel(parents_ptr, out_ptr, n, N_PAD: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    nodes = tl.arange(0, N_PAD)
+    in_tree = nodes < n
+    block = out_ptr + b * n * n
+    tl.store(block + nodes[:, None] * n + nodes[None, :], tl.zeros([N_PAD, N_PAD], tl.int1),
+             mask=in_tree[:, None] & in_tree[None, :])  # fmt: skip
+    tl.debug_barrier()
+    # Lane i walks from node i up to the root, marking each node it passes; a parent
+    # outside [0, n) ends the walk as the root's -1 does. n steps cover any path.
+    current = nodes
+    live = in_tree
+    for _ in range(0, n):
+        tl.store(block + nodes * n + current, tl.full([N_PAD], 1, tl.int1), mask=live)
+        up = tl.load(parents_ptr + b * n + current, mask=live, other=-1)
+        live = live & (up >= 0) & (up < n)
+        current = tl.where(live, up, 0)
+
+
+@triton.jit
+def _tree_commit_kv_kernel(cache_ptr, src_ptr, dst_ptr, depth, slots, features, BLOCK: tl.constexpr):
+    """Request b's depth moves, in depth order, over one block of the features (K and V
+    of every head); the cache is [2, slots, features / 2] contiguous."""
+    b = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    half = features // 2
+    offset = (f // half) * slots * half + f % half  # [K or V, slot 0, feature]
+    inside = f < features
+    for d in range(0, depth):
+        # Clamped into the cache: a slot outside it (out of contract) never reaches memory.
+        src = tl.minimum(tl.maximum(tl.load(src_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
+        dst = tl.minimum(tl.maximum(tl.load(dst_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
+        values = tl.load(cache_ptr + offset + src * half, mask=inside)
+        tl.store(cache_ptr + offset + dst * half, values, mask=inside)
+
+
+# ----------------------------------------------------------------------- references
+
+
+def stable_rank(scores: torch.Tensor) -> torch.Tensor:
+    """[B, P] int64: each score's place in (descending score, then ascending index)
+    order, a permutation of 0 .. P - 1 per row (NaN ranks as -inf). By counting, not
+    sorting: torch 2.11's Inductor lowers a CUDA sort of a non-power-of-two row (the
+    pool's 68 nodes at depth 5, topk 4) to a kernel that indexed past the row (a
+    device-side assert), and P <= 456 keeps the [B, P, P] comparison small."""
+    s = torch.nan_to_num(scores.float(), nan=float("-inf"))
+    index = torch.arange(s.shape[-1], device=s.device)
+    ahead = (s[..., None, :] > s[..., :, None]) | (
+        (s[..., None, :] == s[..., :, None]) & (index[None, :] < index[:, None])
+    )  # [B, i, j]: j comes before i
+    return ahead.sum(dim=-1)
+
+
+def rows_of_rank(rank: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k]: the index holding each place 0 .. k - 1 (rank a permutation per row)."""
+    index = torch.arange(rank.shape[-1], device=rank.device)
+    places = torch.arange(k, device=rank.device)
+    return ((rank[..., None, :] == places[:, None]).long() * index).sum(dim=-1)
+
+
+def tree_select_reference(tokens, scores, parents, depths, roots, num_verify_tokens: int):
+    batch, size = tokens.shape
+    keep = num_verify_tokens - 1
+    device = tokens.device
+    # The pool is laid out step by step, so a lower pool index is never deeper: the
+    # rank by (score, then pool index) is (score, then shallower, then pool index).
+    chosen = stable_rank(scores) < keep
+    kept = rows_of_rank(torch.where(chosen, chosen.long().cumsum(1) - 1, size), keep)  # chosen, in pool order
+    tree_index = torch.full((batch, size), -1, dtype=torch.long, device=device)
+    tree_index.scatter_(1, kept, torch.arange(1, keep + 1, device=device).expand(batch, keep))
+    pool_parents = parents.long().gather(1, kept)
+    inside = (pool_parents >= 0) & (pool_parents < size)
+    kept_parents = torch.where(inside, tree_index.gather(1, pool_parents.clamp(0, size - 1)), 0)
+    root = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    return (
+        torch.cat([roots.long()[:, None], tokens.long().gather(1, kept)], dim=1),
+        torch.cat([root - 1, kept_parents], dim=1),
+        torch.cat([root, depths.long().gather(1, kept)], dim=1),
+        torch.cat([root.float(), torch.nan_to_num(scores.float(), nan=float("-inf")).gather(1, kept)], dim=1),
+    )
+
+
+def tree_ancestors_reference(parents: torch.Tensor) -> torch.Tensor:
+    """The reflexive-transitive closure of "j is i's parent", by squaring: after s
+    squarings every path of up to 2**s steps is covered."""
+    batch, n = parents.shape
+    inside = (parents >= 0) & (parents < n)
+    closure = torch.eye(n, device=parents.device).expand(batch, n, n).clone()
+    edges = torch.zeros_like(closure).scatter_(2, torch.where(inside, parents, 0).long()[..., None],
+                                               inside.float()[..., None])  # fmt: skip
+    closure = torch.maximum(closure, edges)
+    for _ in range(max(1, (n - 1).bit_length())):
+        closure = ((closure @ closure) > 0).float()
+    return closure > 0
+
+
+def tree_commit_kv_reference(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """Depth by depth, as the kernel moves them (within a request a move may read a
+    slot that an earlier depth wrote)."""
+    flat = cache.view(2, -1, cache.shape[-2], cache.shape[-1])
+    last = flat.shape[1] - 1
+    for d in range(src_slots.shape[1]):
+        src, dst = src_slots[:, d].long().clamp(0, last), dst_slots[:, d].long().clamp(0, last)
+        flat.index_copy_(1, dst, flat.index_select(1, src))
+
+
+# ------------------------------------------------------------------------------ ops
+
+
+@triton_op(f"{NAMESPACE}::tree_select", mutates_args=())
+def _tree_select_op(
+    tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, roots: torch.Tensor,
+    num_verify_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    if not use_triton(tokens):
+        return tree_select_reference(tokens, scores, parents, depths, roots, num_verify_tokens)
+    batch, size = tokens.shape
+    device = tokens.device
+    out_tokens = torch.empty((batch, num_verify_tokens), dtype=torch.int64, device=device)
+    out_parents = torch.empty((batch, num_verify_tokens), dtype=torch.int64, device=device)
+    out_depths = torch.empty((batch, num_verify_tokens), dtype=torch.int64, device=device)
+    out_scores = torch.empty((batch, num_verify_tokens), dtype=torch.float32, device=device)
+    index = torch.empty((batch, size), dtype=torch.int32, device=device)
+    if batch > 0:
+        wrap_triton(_tree_select_kernel)[(batch,)](
+            tokens, scores, parents, depths, roots, out_tokens, out_parents, out_depths, out_scores, index,
+            size, num_verify_tokens - 1, POOL_PAD=max(16, triton.next_power_of_2(size)), SCAN=SCAN_BLOCK,
+        )  # fmt: skip
+    return out_tokens, out_parents, out_depths, out_scores
+
+
+@triton_op(f"{NAMESPACE}::tree_ancestors", mutates_args=())
+def _tree_ancestors_op(parents: torch.Tensor) -> torch.Tensor:
+    if not use_triton(parents):
+        return tree_ancestors_reference(parents)
+    batch, n = parents.shape
+    out = torch.empty((batch, n, n), dtype=torch.bool, device=parents.device)
+    if batch > 0:
+        wrap_triton(_tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=max(16, triton.next_power_of_2(n)))
+    return out
+
+
+@triton_op(f"{NAMESPACE}::tree_commit_kv", mutates_args=("cache",))
+def _tree_commit_kv_op(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    if not use_triton(cache):
+        tree_commit_kv_reference(cache, src_slots, dst_slots)
+        return
+    batch, depth = src_slots.shape
+    two, blocks, block_size, heads, dim = cache.shape
+    features = two * heads * dim
+    if batch > 0 and depth > 0:
+        wrap_triton(_tree_commit_kv_kernel)[(batch, cdiv(features, COMMIT_BLOCK))](
+            cache, src_slots, dst_slots, depth, blocks * block_size, features, BLOCK=COMMIT_BLOCK,
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------- public wrappers
+
+
+def tree_select(
+    tokens: torch.Tensor,
+    scores: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    roots: torch.Tensor,
+    num_verify_tokens: int,
+) -> SelectedTree:
+    """The draft tree of num_verify_tokens nodes kept from an EAGLE-2 candidate pool.
+
+    The pool holds P candidates per request, in the order they were drafted (step by
+    step, so a lower index is never deeper), each with its parent's pool index (-1: a
+    child of the root). Kept: the num_verify_tokens - 1 best by score (NaN as -inf), ties
+    to the lower pool index; a child never scores above its parent, so the kept set is
+    closed under parents. They are laid out in pool order after the root (tree index 0).
+
+    Args:
+        tokens: [B, P] int32/int64, the candidates' tokens.
+        scores: [B, P] fp32/bf16/fp16, cumulative draft log-probabilities.
+        parents: [B, P] int32/int64, each candidate's parent pool index, -1 for the root's
+            children. An index outside [0, P) counts as the root.
+        depths: [B, P] int32/int64, each candidate's depth (1 for the root's children).
+        roots: [B] int32/int64, the root tokens.
+        num_verify_tokens: Python int in [2, P + 1]: N, the root included.
+
+    Returns:
+        SelectedTree (tokens, parents, depths, scores), each [B, N]; a parent is a tree
+        index (-1 for the root), lower than its child's.
+    """
+    check_tensor_arg("tokens", tokens, INDEX_DTYPES, shape=(None, at_least(1, "P")), contiguous=True)
+    batch, size = tokens.shape
+    check_tensor_arg("scores", scores, FLOAT_DTYPES, shape=(batch, size), contiguous=True, device_of=tokens)
+    check_tensor_arg("parents", parents, INDEX_DTYPES, shape=(batch, size), contiguous=True, device_of=tokens)
+    check_tensor_arg("depths", depths, INDEX_DTYPES, shape=(batch, size), contiguous=True, device_of=tokens)
+    check_tensor_arg("roots", roots, INDEX_DTYPES, shape=(batch,), contiguous=True, device_of=tokens)
+    check_int_range("num_verify_tokens", num_verify_tokens, 2, size + 1)
+    return SelectedTree(*_tree_select_op(tokens, scores, parents, depths, roots, num_verify_tokens))
+
+
+def tree_ancestors(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool: node j is node i or one of its ancestors.
+
+    Args:
+        parents: [B, N] int32/int64, each node's parent index, -1 for the root; a
+            parent outside [0, N) ends the path as -1 does.
+
+    Returns:
+        The ancestor mask, reflexive: out[b, i, i] is True for every node.
+    """
+    check_tensor_arg("parents", parents, INDEX_DTYPES, shape=(None, at_least(1, "N")), contiguous=True)
+    return _tree_ancestors_op(parents)
+
+
+def tree_commit_kv(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """Move KV slots of one paged cache in place: for each request b and depth d in
+    order, slot src_slots[b, d] is copied to dst_slots[b, d] (K and V, every head).
+
+    Contract: requests touch disjoint slots; within a request, a move may read a slot
+    that an earlier depth wrote (the moves run in depth order). A move onto itself is a
+    no-op, which is how a shorter accepted path pads its row. Slots outside the cache
+    raise a ValueError in checked mode (specdraft.checked_mode); outside it they are
+    clamped into the cache, never written out of bounds.
+
+    Args:
+        cache: [2, num_blocks, block_size, kv_heads, head_dim], contiguous, any float dtype.
+        src_slots: [B, D] int32/int64, slots in [0, num_blocks * block_size).
+        dst_slots: [B, D] int32/int64, likewise.
+    """
+    check_tensor_arg("cache", cache, FLOAT_DTYPES, shape=(2, None, None, None, None), contiguous=True)
+    check_tensor_arg("src_slots", src_slots, INDEX_DTYPES, shape=(None, None), contiguous=True, device_of=cache)
+    check_tensor_arg("dst_slots", dst_slots, INDEX_DTYPES, shape=tuple(src_slots.shape), contiguous=True,
+                     device_of=cache)  # fmt: skip
+    check_tensor_arg("cache", cache, distinct_from={"src_slots": src_slots, "dst_slots": dst_slots})
+    if is_checked():
+        check_slots(cache.shape[1] * cache.shape[2], src_slots=src_slots, dst_slots=dst_slots)
+    _tree_commit_kv_op(cache, src_slots, dst_slots)
+
+
+def check_slots(limit: int, **slots: torch.Tensor) -> None:
+    """Checked mode: every slot in [0, limit) (reads the values: a host sync)."""
+    for name, values in slots.items():
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= limit):
+            raise ValueError(
+                f"{name} must hold slots in [0, {limit}) (num_blocks * block_size), "
+                f"got values in [{int(values.min())}, {int(values.max())}]"
+            )
