@@ -1,6 +1,6 @@
-"""ops.tree_select, ops.tree_ancestors and ops.tree_commit_kv against plain-Python
-oracles written from their definitions (sort by score then index, walk the parent
-pointers, move slot after slot), in every lane (`kernel`: the CPU reference, the
+"""ops.tree_expand, ops.tree_select, ops.tree_ancestors and ops.tree_commit_kv against
+plain-Python oracles written from their definitions (add the parent's score, sort by
+score then index, walk the parent pointers, move slot after slot), in every lane (`kernel`: the CPU reference, the
 TRITON_INTERPRET=1 kernels, CUDA). Random pools have exact ties (scores from a coarse
 grid, log-probability 0 included, so children tie their parents)."""
 
@@ -12,12 +12,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft import checked
-from specdraft.ops import tree_ancestors, tree_commit_kv, tree_select
+from specdraft.ops import tree_ancestors, tree_commit_kv, tree_expand, tree_select
 
 from fixtures.lanes import INTERPRETER
 
 GRID = [0.0, -0.5, -1.0, -2.0]
 EXAMPLES = 25 if INTERPRETER else 100  # the interpreter runs every lane in NumPy
+
+
+@pytest.mark.kernel
+@settings(max_examples=EXAMPLES)
+@given(data=st.data(), batch=st.integers(1, 3), width=st.integers(1, 8), fanout=st.integers(1, 8))
+def test_expand_scores_children_and_keeps_the_best(device, data, batch, width, fanout):
+    values = st.one_of(st.sampled_from(GRID), st.just(math.nan)) if data.draw(st.booleans()) else st.sampled_from(GRID)
+    frontier = [[data.draw(st.sampled_from(GRID)) for _ in range(width)] for _ in range(batch)]
+    children = [[[data.draw(values) for _ in range(fanout)] for _ in range(width)] for _ in range(batch)]
+    k = data.draw(st.integers(1, width * fanout))
+    scores, best = tree_expand(torch.tensor(frontier).to(device), torch.tensor(children).to(device), k)
+    for b in range(batch):
+        want = [frontier[b][f] + children[b][f][c] for f in range(width) for c in range(fanout)]
+        assert scores[b].tolist() == pytest.approx(want, nan_ok=True, abs=0)
+        key = [-math.inf if math.isnan(v) else v for v in want]
+        assert best[b].tolist() == sorted(range(len(key)), key=lambda j: (-key[j], j))[:k]
 
 
 @st.composite
@@ -153,6 +169,8 @@ def test_bad_input_names_the_argument(device):
         tree_select(tokens, scores, tokens, tokens, roots, 7)
     with pytest.raises(ValueError, match="^scores"):
         tree_select(tokens, scores.long(), tokens, tokens, roots, 3)
+    with pytest.raises(ValueError, match="^k must"):
+        tree_expand(scores, scores.view(2, 5, 1), 6)
     with pytest.raises(ValueError, match="^parents"):
         tree_ancestors(torch.zeros(2, 3, device=device))
     with pytest.raises(ValueError, match="^dst_slots"):
@@ -166,6 +184,7 @@ def test_opcheck(device):
     depths = torch.tensor([[1, 1, 2, 2]], device=device)
     roots = torch.tensor([9], device=device)
     torch.library.opcheck(torch.ops.specdraft.tree_select, (tokens, scores, parents, depths, roots, 3))
+    torch.library.opcheck(torch.ops.specdraft.tree_expand, (scores[:, :2], scores.view(1, 2, 2), 3))
     torch.library.opcheck(torch.ops.specdraft.tree_ancestors, (torch.tensor([[-1, 0, 0, 2]], device=device),))
     cache = torch.randn(2, 2, 4, 1, 2, device=device)
     moves = (torch.tensor([[1, 5]], device=device), torch.tensor([[0, 2]], device=device))

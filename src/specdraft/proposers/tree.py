@@ -73,7 +73,7 @@ def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
     """[..., k] ids of the k largest entries, ties to the lower id: k argmax passes
     (torch.argmax takes the first maximum), each taking its pick out. No sort: a
     vocabulary-wide sort is far more work, and Inductor's CUDA sort of rows that are
-    not a power of two is what broke the tree on the GPU (tree_build.stable_rank).
+    not a power of two is what broke the tree on the GPU (ops/tree_structure.py, stable_rank).
     log_softmax rows are finite, so a pick never comes back."""
     picks, rest = [], logprobs
     for _ in range(k):

@@ -27,8 +27,9 @@ speculative_eagle_topk and TensorRT-LLM's dynamic_tree_max_topK; num_verify_toke
 (the root included) is SGLang's speculative_num_draft_tokens and TensorRT-LLM's
 max_total_draft_tokens + 1.
 
-The expansion steps are torch here; the final selection and the ancestor mask are
-ops (ops/tree_structure.py: a Triton kernel on CUDA, the torch reference on CPU).
+Each expansion's scoring and frontier choice, the final selection and the ancestor
+mask are ops (ops/tree_structure.py: a Triton kernel on CUDA, the torch reference on
+CPU).
 Everything compiles under torch.compile(fullgraph=True): every shape is fixed by
 (B, depth, topk, num_verify_tokens). tests/proposers/test_tree_build.py checks the
 build against a plain-Python EAGLE-2 reference.
@@ -42,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 from specdraft.checks import check_int_range
-from specdraft.ops.tree_structure import rows_of_rank, stable_rank, tree_ancestors, tree_select
+from specdraft.ops.tree_structure import tree_ancestors, tree_expand, tree_select
 
 MAX_DEPTH, MAX_TOPK, MAX_VERIFY_TOKENS = 8, 8, 64
 
@@ -105,12 +106,6 @@ class DraftTree(NamedTuple):
     ancestors: torch.Tensor
 
 
-def stable_top(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k highest scores along the last dimension, the lower index first
-    among equal scores (torch.topk leaves ties unspecified), sort-free (stable_rank)."""
-    return rows_of_rank(stable_rank(scores), k)
-
-
 def expand_root(child_tokens: torch.Tensor, child_logprobs: torch.Tensor) -> tuple[TreePool, Frontier]:
     """Step 0: the root's topk children ([B, topk] tokens and log-probabilities, in
     rank order) start the pool, and all of them are the frontier."""
@@ -127,7 +122,7 @@ def expand_frontier(
     log-probabilities; row f belongs to frontier node f) join the pool with cumulative
     scores, and the best topk of them become the next frontier."""
     batch, num_frontier, topk = child_tokens.shape
-    scores = (frontier.scores[:, :, None] + child_logprobs.float()).reshape(batch, num_frontier * topk)
+    scores, best = tree_expand(frontier.scores.contiguous(), child_logprobs.float().contiguous(), topk)
     parents = frontier.index[:, :, None].expand(-1, -1, topk).reshape(batch, -1)
     depth = pool.depths.gather(1, frontier.index[:, :1]) + 1  # every frontier node is at one depth
     start = pool.tokens.shape[1]
@@ -137,7 +132,6 @@ def expand_frontier(
         torch.cat([pool.parents, parents], dim=1),
         torch.cat([pool.depths, depth.expand(-1, num_frontier * topk)], dim=1),
     )
-    best = stable_top(scores, topk)
     return pool, Frontier(best + start, scores.gather(1, best))
 
 
