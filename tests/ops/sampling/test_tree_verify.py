@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specdraft import checked
@@ -19,7 +19,11 @@ from specdraft.ops.sampling.scan import CHUNK_V
 from specdraft.ops.sampling.tree_verify import tree_verify_reference
 
 import specs.tree_verify as spec
+from fixtures.lanes import INTERPRETER
 from fixtures.tree_batches import TreeBatch, tree_batches
+
+# The interpreter emulates every lane of a kernel in NumPy: half the profile's examples there.
+EXAMPLES = settings.default.max_examples // 2 if INTERPRETER else settings.default.max_examples
 
 EDGE_BATCH = TreeBatch(
     num_nodes=10, vocab=2 * CHUNK_V + 3, temperature=[0.0, 1.0, 0.3, 2.0, 1.0], seeds=[0, -1, 2**40, 7, 2**63 - 1],
@@ -61,6 +65,7 @@ def spec_outputs(batch: TreeBatch, t, salt=0):
 
 
 @pytest.mark.kernel
+@settings(max_examples=EXAMPLES)
 @given(
     batch=tree_batches(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
