@@ -89,7 +89,13 @@ def inductor_cpu_without_simd(request):
         yield
         return
     import torch._inductor.config as inductor_config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+    # Inductor probes the CPU's vector ISAs once per process and caches the list,
+    # filtered by cpp.vec_isa_ok as set at that first call: probed under the patch,
+    # the list stays empty and a later inductor_defaults test gets no SIMD either (the
+    # CPU flex template then fails its AVX assertion). Probe with the defaults first.
+    valid_vec_isa_list()
     with inductor_config.patch({"cpp.vec_isa_ok": False}):
         yield
 
