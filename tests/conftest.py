@@ -78,28 +78,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
 
 
-@pytest.fixture(autouse=True)
-def inductor_cpu_without_simd(request):
-    """CPU lane: Inductor's C++ without SIMD code (cpp.vec_isa_ok=False, as the demo
-    compiles), which takes about a third less time to generate and build; the tests
-    marked `inductor_defaults` (the propose loop's and the samplers' Inductor tests)
-    keep Inductor's defaults, vectorised loops included. The lowering, the graphs and
-    every assertion are the same either way; only the C++ loops differ."""
-    if DEVICE != "cpu" or request.node.get_closest_marker("inductor_defaults"):
-        yield
-        return
-    import torch._inductor.config as inductor_config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-
-    # Inductor probes the CPU's vector ISAs once per process and caches the list,
-    # filtered by cpp.vec_isa_ok as set at that first call: probed under the patch,
-    # the list stays empty and a later inductor_defaults test gets no SIMD either (the
-    # CPU flex template then fails its AVX assertion). Probe with the defaults first.
-    valid_vec_isa_list()
-    with inductor_config.patch({"cpp.vec_isa_ok": False}):
-        yield
-
-
 @pytest.fixture(scope="session")
 def device() -> str:
     return DEVICE

@@ -21,10 +21,6 @@ from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, make_head
 
-# Inductor's default C++ (vectorised loops) for the propose loop; the rest of the CPU lane
-# compiles without SIMD (tests/conftest.py).
-pytestmark = pytest.mark.inductor_defaults
-
 BLOCK_SIZE = 4
 
 

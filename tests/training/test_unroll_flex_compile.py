@@ -35,10 +35,6 @@ from specdraft.training.unroll import PackedLayout
 
 from fixtures.unroll_batches import head_for, make_packed
 
-# Inductor's CPU flex-attention template builds on its vectorised micro-GEMM (it
-# asserts a SIMD ISA): these keep Inductor's default C++ (tests/conftest.py).
-pytestmark = pytest.mark.inductor_defaults
-
 # Sizes chosen apart from the sequence counts below, so that Dynamo's duck sizing
 # never ties cu_seqlens' length to a head count (it would then specialise on it).
 HEADS, KV_HEADS, DIM, NUM_DIAG = 6, 3, 16, 5

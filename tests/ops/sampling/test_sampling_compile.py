@@ -3,15 +3,10 @@ its probabilities at a device-scalar step) followed by rejection sampling,
 compiled with fullgraph=True, equal eager (tokens identical, probs allclose) with
 no graph break; with dynamic=True one compile serves three batch sizes."""
 
-import pytest
 import torch
 
 from specdraft.ops import draft_sample, rejection_sample
 from specdraft.testing import CompileCounts, SamplingBatch, fresh_compile
-
-# Inductor's default C++ (vectorised loops) for the samplers; the rest of the CPU lane
-# compiles without SIMD (tests/conftest.py).
-pytestmark = pytest.mark.inductor_defaults
 
 NUM_SPEC = 3
 VOCAB = 37  # distinct from every batch size and from K, K + 1 (duck sizing)
