@@ -48,18 +48,14 @@ test-cpu: $(STAMP)
 test-interpreter: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "interpreter or kernel" tests
 
-# Each stage timed by .ci/stage.sh; pytest lists its slowest tests (DURATIONS). The
-# wheel smoke step (pip installs and an eager, single-threaded demo: about one core)
-# runs beside the CPU lane; its log is printed when both are done, and either failing
-# fails the target.
+# Each stage timed by .ci/stage.sh; pytest lists its slowest tests (DURATIONS). One
+# stage at a time: run beside the CPU lane, the wheel smoke step made that lane 164 s
+# slower on 2 cores (877 s against 713 s, cold) and itself 65 s slower.
 DURATIONS ?= --durations=25
 test: $(STAMP)
 	@bash .ci/stage.sh lint $(MAKE) --no-print-directory lint
-	@smoke_log=$$(mktemp); \
-	bash .ci/stage.sh wheel-smoke $(MAKE) --no-print-directory wheel-smoke > "$$smoke_log" 2>&1 & smoke=$$!; \
-	bash .ci/stage.sh test-cpu $(MAKE) --no-print-directory test-cpu PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"; \
-	cpu=$$?; wait $$smoke; smoke_status=$$?; cat "$$smoke_log"; rm -f "$$smoke_log"; \
-	test $$cpu -eq 0 && test $$smoke_status -eq 0
+	@bash .ci/stage.sh wheel-smoke $(MAKE) --no-print-directory wheel-smoke
+	@bash .ci/stage.sh test-cpu $(MAKE) --no-print-directory test-cpu PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
 	@bash .ci/stage.sh test-interpreter $(MAKE) --no-print-directory test-interpreter PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
 
 demo: $(STAMP)
