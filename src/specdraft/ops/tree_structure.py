@@ -26,7 +26,16 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 
-from .backend import NAMESPACE, cdiv, tl, triton, use_triton
+from .backend import NAMESPACE, cdiv, triton, use_triton
+
+# Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
+# calls, and a module attribute is not carried along.
+from .tree_structure_kernels import (
+    tree_ancestors_kernel,
+    tree_commit_kv_kernel,
+    tree_expand_kernel,
+    tree_select_kernel,
+)
 
 SCAN_BLOCK = 32  # pool nodes compared per step of tree_select's ranking loops
 COMMIT_BLOCK = 1024  # cache features a tree_commit_kv program copies
@@ -37,112 +46,6 @@ class SelectedTree(NamedTuple):
     parents: torch.Tensor  # [B, N] int64: -1 for the root, else a tree index < the node's own
     depths: torch.Tensor  # [B, N] int64: 0 for the root
     scores: torch.Tensor  # [B, N] fp32: cumulative draft log-probabilities, 0 for the root
-
-
-# ------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _tree_select_kernel(
-    tokens_ptr, scores_ptr, parents_ptr, depths_ptr, roots_ptr,
-    out_tokens_ptr, out_parents_ptr, out_depths_ptr, out_scores_ptr, index_ptr,  # index: [B, P] scratch
-    pool, keep, POOL_PAD: tl.constexpr, SCAN: tl.constexpr,
-):  # fmt: skip
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, POOL_PAD)
-    in_pool = i < pool
-    row = b * pool
-    s_i = tl.load(scores_ptr + row + i, mask=in_pool, other=float("-inf")).to(tl.float32)
-    s_i = tl.where(s_i != s_i, float("-inf"), s_i)  # NaN ranks as -inf
-    # Rank by counting: pool node j is ahead of i with a higher score, or an equal one
-    # and a lower index.
-    rank = tl.zeros([POOL_PAD], tl.int32)
-    for j0 in range(0, pool, SCAN):
-        j = j0 + tl.arange(0, SCAN)
-        s_j = tl.load(scores_ptr + row + j, mask=j < pool, other=float("-inf")).to(tl.float32)
-        s_j = tl.where(s_j != s_j, float("-inf"), s_j)
-        ahead = (s_j[None, :] > s_i[:, None]) | ((s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None]))
-        rank += tl.sum((ahead & (j < pool)[None, :]).to(tl.int32), axis=1)
-    chosen = in_pool & (rank < keep)
-    tl.store(index_ptr + row + i, chosen.to(tl.int32), mask=in_pool)
-    tl.debug_barrier()
-    # A kept node's tree index: 1 + the kept nodes before it in pool order.
-    before = tl.zeros([POOL_PAD], tl.int32)
-    for j0 in range(0, pool, SCAN):
-        j = j0 + tl.arange(0, SCAN)
-        kept_j = tl.load(index_ptr + row + j, mask=j < pool, other=0)
-        before += tl.sum(((kept_j[None, :] != 0) & (j[None, :] < i[:, None])).to(tl.int32), axis=1)
-    tree_index = tl.where(chosen, before + 1, -1)
-    tl.debug_barrier()  # every program thread has read the chosen flags
-    tl.store(index_ptr + row + i, tree_index, mask=in_pool)
-    tl.debug_barrier()
-    pool_parent = tl.load(parents_ptr + row + i, mask=in_pool, other=-1).to(tl.int64)
-    has_parent = chosen & (pool_parent >= 0) & (pool_parent < pool)
-    parent = tl.load(index_ptr + row + pool_parent, mask=has_parent, other=0).to(tl.int64)
-    n = keep + 1
-    dest = b * n + tree_index
-    tl.store(out_tokens_ptr + dest, tl.load(tokens_ptr + row + i, mask=chosen, other=0).to(tl.int64), mask=chosen)
-    tl.store(out_parents_ptr + dest, parent, mask=chosen)
-    tl.store(out_depths_ptr + dest, tl.load(depths_ptr + row + i, mask=chosen, other=0).to(tl.int64), mask=chosen)
-    tl.store(out_scores_ptr + dest, s_i, mask=chosen)
-    root = tl.arange(0, 1)
-    tl.store(out_tokens_ptr + b * n + root, tl.load(roots_ptr + b + root).to(tl.int64))
-    tl.store(out_parents_ptr + b * n + root, tl.full([1], -1, tl.int64))
-    tl.store(out_depths_ptr + b * n + root, tl.zeros([1], tl.int64))
-    tl.store(out_scores_ptr + b * n + root, tl.zeros([1], tl.float32))
-
-
-@triton.jit
-def _tree_expand_kernel(frontier_ptr, children_ptr, scores_ptr, best_ptr, fanout, count, k, PAD: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, PAD)
-    inside = i < count
-    parent = tl.load(frontier_ptr + b * (count // fanout) + i // fanout, mask=inside, other=0.0).to(tl.float32)
-    own = tl.load(children_ptr + b * count + i, mask=inside, other=0.0).to(tl.float32)
-    score = parent + own
-    tl.store(scores_ptr + b * count + i, score, mask=inside)
-    key = tl.where(score != score, float("-inf"), score)  # NaN ranks as -inf
-    key_j = tl.where(inside, key, float("-inf"))
-    ahead = (key_j[None, :] > key[:, None]) | ((key_j[None, :] == key[:, None]) & (i[None, :] < i[:, None]))
-    rank = tl.sum((ahead & inside[None, :]).to(tl.int32), axis=1)
-    tl.store(best_ptr + b * k + rank, i.to(tl.int64), mask=inside & (rank < k))
-
-
-@triton.jit
-def _tree_ancestors_kernel(parents_ptr, out_ptr, n, N_PAD: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    nodes = tl.arange(0, N_PAD)
-    in_tree = nodes < n
-    block = out_ptr + b * n * n
-    tl.store(block + nodes[:, None] * n + nodes[None, :], tl.zeros([N_PAD, N_PAD], tl.int1),
-             mask=in_tree[:, None] & in_tree[None, :])  # fmt: skip
-    tl.debug_barrier()
-    # Lane i walks from node i up to the root, marking each node it passes; a parent
-    # outside [0, n) ends the walk as the root's -1 does. n steps cover any path.
-    current = nodes
-    live = in_tree
-    for _ in range(0, n):
-        tl.store(block + nodes * n + current, tl.full([N_PAD], 1, tl.int1), mask=live)
-        up = tl.load(parents_ptr + b * n + current, mask=live, other=-1)
-        live = live & (up >= 0) & (up < n)
-        current = tl.where(live, up, 0)
-
-
-@triton.jit
-def _tree_commit_kv_kernel(cache_ptr, src_ptr, dst_ptr, depth, slots, features, BLOCK: tl.constexpr):
-    """Request b's depth moves, in depth order, over one block of the features (K and V
-    of every head); the cache is [2, slots, features / 2] contiguous."""
-    b = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    half = features // 2
-    offset = (f // half) * slots * half + f % half  # [K or V, slot 0, feature]
-    inside = f < features
-    for d in range(0, depth):
-        # Clamped into the cache: a slot outside it (out of contract) never reaches memory.
-        src = tl.minimum(tl.maximum(tl.load(src_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
-        dst = tl.minimum(tl.maximum(tl.load(dst_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
-        values = tl.load(cache_ptr + offset + src * half, mask=inside)
-        tl.store(cache_ptr + offset + dst * half, values, mask=inside)
 
 
 # ----------------------------------------------------------------------- references
@@ -235,7 +138,7 @@ def _tree_expand_op(
     scores = torch.empty((batch, count), dtype=torch.float32, device=frontier_scores.device)
     best = torch.empty((batch, k), dtype=torch.int64, device=frontier_scores.device)
     if batch > 0:
-        wrap_triton(_tree_expand_kernel)[(batch,)](
+        wrap_triton(tree_expand_kernel)[(batch,)](
             frontier_scores, child_logprobs, scores, best, fanout, count, k, PAD=max(16, triton.next_power_of_2(count))
         )  # fmt: skip
     return scores, best
@@ -256,7 +159,7 @@ def _tree_select_op(
     out_scores = torch.empty((batch, num_verify_tokens), dtype=torch.float32, device=device)
     index = torch.empty((batch, size), dtype=torch.int32, device=device)
     if batch > 0:
-        wrap_triton(_tree_select_kernel)[(batch,)](
+        wrap_triton(tree_select_kernel)[(batch,)](
             tokens, scores, parents, depths, roots, out_tokens, out_parents, out_depths, out_scores, index,
             size, num_verify_tokens - 1, POOL_PAD=max(16, triton.next_power_of_2(size)), SCAN=SCAN_BLOCK,
         )  # fmt: skip
@@ -270,7 +173,7 @@ def _tree_ancestors_op(parents: torch.Tensor) -> torch.Tensor:
     batch, n = parents.shape
     out = torch.empty((batch, n, n), dtype=torch.bool, device=parents.device)
     if batch > 0:
-        wrap_triton(_tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=max(16, triton.next_power_of_2(n)))
+        wrap_triton(tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=max(16, triton.next_power_of_2(n)))
     return out
 
 
@@ -283,7 +186,7 @@ def _tree_commit_kv_op(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: 
     two, blocks, block_size, heads, dim = cache.shape
     features = two * heads * dim
     if batch > 0 and depth > 0:
-        wrap_triton(_tree_commit_kv_kernel)[(batch, cdiv(features, COMMIT_BLOCK))](
+        wrap_triton(tree_commit_kv_kernel)[(batch, cdiv(features, COMMIT_BLOCK))](
             cache, src_slots, dst_slots, depth, blocks * block_size, features, BLOCK=COMMIT_BLOCK,
         )  # fmt: skip
 
