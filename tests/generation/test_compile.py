@@ -15,7 +15,8 @@ import torch
 
 from specdraft.config import SamplingParams
 from specdraft.generation import SpeculativeDecoder
-from specdraft.testing import CompileCounts
+
+from fixtures.compiled_generate import assert_compiled_runs_equal
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
 MAX_NEW = [9, 4, 7]
@@ -43,17 +44,7 @@ def compare(build, target, kind, backend, sampling, time_split=False, want_compi
     want = decoder(build, target, kind, False).generate(PROMPTS, **run)
     torch._dynamo.reset()
     compiled = decoder(build, target, kind, {"backend": backend})
-    with CompileCounts.measure() as first:
-        got = compiled.generate(PROMPTS, **run)
-    with CompileCounts.measure() as again:
-        got_again = compiled.generate(PROMPTS, **run)
-    for result in (got, got_again):
-        assert [t.tolist() for t in result.tokens] == [t.tolist() for t in want.tokens]
-        assert torch.equal(result.stats.accepted_per_position, want.stats.accepted_per_position)
-        assert torch.equal(result.stats.request_passes, want.stats.request_passes)
-    assert want.stats.num_verify_passes.item() > 2  # several iterations ran through one compile
-    assert (first.graph_breaks, first.compiles) == (0, want_compiles)
-    assert (again.graph_breaks, again.compiles) == (0, 0)
+    assert_compiled_runs_equal(want, compiled, PROMPTS, run, want_compiles)
 
 
 def test_plain_iteration_compiles(build, target):

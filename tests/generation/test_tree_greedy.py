@@ -16,6 +16,7 @@ from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num
 from specdraft.layout import BatchMetadata
 from specdraft.proposers import EagleProposer, TreeShape
 
+from fixtures.compiled_generate import assert_compiled_runs_equal
 from specs.generate import greedy_decode
 
 BLOCK_SIZE = 16
@@ -157,21 +158,10 @@ def test_tree_iteration_compiles_once(pair, backend):
     under torch.compile(fullgraph=True): the eager output, no graph break, one
     compile for every iteration of the run and none for a second run. Inductor too:
     it lowers the tree masks and the in-place KV move differently from eager."""
-    from specdraft.testing import CompileCounts
-
     target, head = pair
     shape = TreeShape(3, 2, 6)
     run = {"max_new_tokens": [12, 9, 14]}
     want = tree_decoder(target, head, shape, len(PROMPTS)).generate(PROMPTS, **run)
     torch._dynamo.reset()
     compiled = tree_decoder(target, head, shape, len(PROMPTS), compile={"backend": backend})
-    with CompileCounts.measure() as first:
-        got = compiled.generate(PROMPTS, **run)
-    with CompileCounts.measure() as again:
-        got_again = compiled.generate(PROMPTS, **run)
-    for result in (got, got_again):
-        assert [t.tolist() for t in result.tokens] == [t.tolist() for t in want.tokens]
-        assert torch.equal(result.stats.accepted_per_position, want.stats.accepted_per_position)
-    assert int(want.stats.num_verify_passes) > 2
-    assert (first.graph_breaks, first.compiles) == (0, 1)
-    assert (again.graph_breaks, again.compiles) == (0, 0)
+    assert_compiled_runs_equal(want, compiled, PROMPTS, run)
