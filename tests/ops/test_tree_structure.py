@@ -157,7 +157,7 @@ def test_commit_moves_slots_in_depth_order(device, dtype):
 
 def test_commit_refuses_slots_outside_the_cache_in_checked_mode(device):
     cache = torch.zeros(2, 2, 4, 1, 2, device=device)
-    with checked(), pytest.raises(ValueError, match=r"^src_slots must hold slots in \[0, 8\)"):
+    with checked(), pytest.raises(ValueError, match=r"^src_slots\[0, 0\] = 8 is outside \[0, 8\)$"):
         tree_commit_kv(cache, torch.tensor([[8]], device=device), torch.tensor([[0]], device=device))
 
 

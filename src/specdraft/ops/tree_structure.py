@@ -25,6 +25,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
+from specdraft.value_checks import check_in_range
 
 from .backend import NAMESPACE, cdiv, triton, use_triton
 
@@ -291,17 +292,8 @@ def tree_commit_kv(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torc
     check_tensor_arg("src_slots", src_slots, INDEX_DTYPES, shape=(None, None), contiguous=True, device_of=cache)
     check_tensor_arg("dst_slots", dst_slots, INDEX_DTYPES, shape=tuple(src_slots.shape), contiguous=True,
                      device_of=cache)  # fmt: skip
-    check_tensor_arg("cache", cache, distinct_from={"src_slots": src_slots, "dst_slots": dst_slots})
     if is_checked():
-        check_slots(cache.shape[1] * cache.shape[2], src_slots=src_slots, dst_slots=dst_slots)
+        num_slots = cache.shape[1] * cache.shape[2]  # num_blocks * block_size
+        check_in_range("src_slots", src_slots, 0, num_slots)
+        check_in_range("dst_slots", dst_slots, 0, num_slots)
     _tree_commit_kv_op(cache, src_slots, dst_slots)
-
-
-def check_slots(limit: int, **slots: torch.Tensor) -> None:
-    """Checked mode: every slot in [0, limit) (reads the values: a host sync)."""
-    for name, values in slots.items():
-        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= limit):
-            raise ValueError(
-                f"{name} must hold slots in [0, {limit}) (num_blocks * block_size), "
-                f"got values in [{int(values.min())}, {int(values.max())}]"
-            )
