@@ -52,11 +52,9 @@ def write_durations(directory: str, path: str) -> None:
     """{lane: {test file: seconds}}, what tests/conftest.py orders the files by."""
     durations = {}
     for lane in ("cpu", "interpreter"):
-        files = defaultdict(float)
-        for row in load(directory, lane):
-            files[row["test"].split("::")[0]] += row["wall_s"]
+        files = by_file(load(directory, lane))  # heaviest first
         if files:
-            durations[lane] = {name: round(s, 1) for name, s in sorted(files.items(), key=lambda kv: -kv[1])}
+            durations[lane] = {row["file"]: round(row["wall_s"], 1) for row in files}
     with open(path, "w") as out:
         json.dump(durations, out, indent=1)
         out.write("\n")
