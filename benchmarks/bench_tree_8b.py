@@ -1,0 +1,256 @@
+"""Draft trees and chains on a Llama-3-8B-shaped target, B = 1: what a pass costs
+and what a tree would buy on a model whose forward dominates.
+
+The target has all 32 decoder layers of Llama-3-8B's shape (bf16, random weights,
+hidden 4096, 32 / 8 heads, intermediate 14336, vocab 128256: 16 GB) and the draft is
+the 8B-shaped EAGLE-3 head (draft vocabulary 32000). Random weights accept nothing
+worth measuring, so acceptance lengths come from the demo pair's measured table
+(--acceptance, the JSON of bench_tree.py; default: the committed H200 run). Three
+tables:
+
+1. target verify: the target's forward (with its logits) over N tokens of one
+   request, with the tree's ancestor mask (N = D + 1 for the chains, 16, 32, 64), and
+   the 1-token step of plain decoding; each compiled and captured alone.
+2. iteration against floor: the whole compiled iteration (verify, accept, commit,
+   propose; mode="reduce-overhead": one CUDA graph) against the floor = the target's
+   forward over the verified tokens + the draft's first pass + (D - 1) draft steps
+   (a chain step: 1 token; a tree step: the topk frontier nodes with their tree
+   attention), each captured alone.
+3. projected 8B speedup = acceptance length (demo pair) x plain iteration time /
+   speculative iteration time.
+
+    python3 benchmarks/bench_tree_8b.py                   # GPU
+    python3 benchmarks/bench_tree_8b.py --smoke           # CPU, tiny sizes, aot_eager: a check of the script
+
+Configurations run in order of importance under --budget-s (each compiles the
+32-layer target for its own shapes); the rest are printed as skipped.
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+
+from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, log, table
+from specdraft.config import SpeculativeConfig
+from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
+from specdraft.generation.verify import slots_of, window_batch
+from specdraft.layout import TreeBatchMetadata
+from specdraft.ops import tree_ancestors
+from specdraft.proposers import EagleProposer, TreeShape
+from specdraft.proposers.loop import sample_rows
+from specdraft.proposers.tree import empty_buffers, feed_frontier
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "gpu_tree_h200"
+DEFAULT_ACCEPTANCE = [RESULTS / "bench_tree.json", RESULTS / "bench_tree_rest.json"]
+MAX_MODEL_LEN = 1024
+PROMPT_LEN = 128
+CONFIGS = ["5,1,6", "7,4,32", "5,4,32", "3,1,4", "7,1,8", "5,4,16", "7,4,16", "3,4,16"]
+
+
+def shape_of(text: str):
+    depth, topk, n = (int(x) for x in text.split(","))
+    return depth, (None if topk == 1 and n == depth + 1 else TreeShape(depth, topk, n))
+
+
+def load_acceptance(paths) -> dict:
+    """(depth, topk, N) -> acceptance length, from bench_tree.py JSON files."""
+    lengths = {}
+    for path in paths:
+        for row in json.loads(pathlib.Path(path).read_text())["rows"]:
+            lengths[(row["depth"], row["topk"], row["N"])] = row["acceptance_length"]
+    return lengths
+
+
+def four_ary_tree(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, depths) [1, n] of a tree of n nodes, node i's parent (i - 1) // 4:
+    the verify table's mask (its cost hardly depends on the mask's pattern)."""
+    parents = [-1] + [(i - 1) // 4 for i in range(1, n)]
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    as_tensor = lambda v: torch.tensor([v], dtype=torch.int64, device=device)  # noqa: E731
+    return as_tensor(parents), as_tensor(depths)
+
+
+def tree_target_fn(decoder, lens, parents, depths, block_table):
+    """The target's forward with logits over one tree per request (the verify pass
+    of TreeSpeculativeDecoder.verify, without the walk and the commit)."""
+    num_reqs, n = parents.shape
+    device = lens.device
+    tokens = torch.randint(0, decoder.target.config.vocab_size, (num_reqs * n,), device=device, dtype=torch.int32)
+    rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
+    seq_index = lens[:, None] + torch.arange(n, device=device)
+    metadata = TreeBatchMetadata(
+        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
+        seq_lens=(lens + n).to(torch.int32),
+        block_table=block_table,
+        slot_mapping=slots_of(seq_index, rows, block_table, decoder.block_size).reshape(-1),
+        max_query_len=n,
+        max_seq_len=decoder.reach,
+        prefix_lens=lens,
+        ancestors=tree_ancestors(parents),
+    )
+    positions = (lens[:, None] + depths).reshape(-1)
+
+    def target_forward():
+        hidden, aux = decoder.run_target(tokens, positions, metadata)
+        return decoder.target.compute_logits(hidden), aux
+
+    return target_forward
+
+
+def tree_floor_fns(dev: Device, decoder, state, requests):
+    """(target forward over the tree, the draft's first pass over depth + 1 rows, one
+    tree step of topk frontier nodes with their logits), each compiled alone."""
+    tree, head = decoder.tree, decoder.proposer.model
+    caches, width = decoder.proposer.kv_caches, tree.depth + 1
+    target_forward = tree_target_fn(decoder, state.lens, state.tree_parents, state.tree_depths, requests.block_table)
+    positions, metadata = window_batch(state.lens, width, requests.block_table, decoder.block_size, decoder.reach)
+    token_ids = torch.cat([state.last_tokens[:, None], state.drafts[:, : width - 1]], dim=1).reshape(-1)
+    _, aux = decoder.run_target(token_ids, positions, metadata)
+    aux = aux.clone()
+    rows = metadata.query_start_loc[1:].long() - 1
+
+    def first_pass():
+        h_sample, h_next = head(token_ids, positions, aux, metadata, caches)
+        return head.compute_logits(h_sample.index_select(0, rows)), h_next.index_select(0, rows)
+
+    batch = state.lens.shape[0]
+    _, seq_lens = sample_rows(metadata, None, None)
+    fed = state.drafts[:, : tree.topk].long()
+    hidden = torch.zeros(batch * tree.topk, head.config.hidden_size, dtype=aux.dtype, device=aux.device)
+    node_pos = (state.lens + 1).repeat_interleave(tree.topk)
+    buffers = empty_buffers(head, caches, batch, tree)
+    slots = (tree.depth - 1) * tree.topk
+    visible = torch.zeros(batch, tree.topk, slots, dtype=torch.bool, device=aux.device)
+    lane = torch.arange(tree.topk, device=aux.device)
+    visible[:, lane, lane] = True
+
+    def tree_step():
+        h_sample, h_next = feed_frontier(head, caches, fed, hidden, node_pos, 1, dict(buffers), visible, metadata,
+                                         seq_lens)  # fmt: skip
+        return head.draft_logits(h_sample, 1).argmax(-1), h_next
+
+    fns = [target_forward, first_pass] + ([tree_step] if tree.depth > 1 else [])
+    return [dev.compile_alone(fn) for fn in fns]
+
+
+def build_decoder(target, head, depth: int, tree, dev: Device):
+    """plain (depth 0), chain or tree decoder for one request."""
+    if depth == 0:
+        return SpeculativeDecoder(target, None, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                                  compile=dev.iteration_compile)  # fmt: skip
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=depth, max_model_len=MAX_MODEL_LEN,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    reach = depth if tree is None else tree.num_verify_tokens - 1
+    caches = head.allocate_kv_caches(num_kv_blocks(1, MAX_MODEL_LEN, reach, BLOCK_SIZE), BLOCK_SIZE)
+    proposer = EagleProposer(head, config, caches)
+    if tree is None:
+        return SpeculativeDecoder(target, proposer, compile=dev.iteration_compile)
+    return TreeSpeculativeDecoder(target, proposer, tree, compile=dev.iteration_compile)
+
+
+def time_iteration(dev: Device, decoder, prompt):
+    """(iteration µs, state, requests): the compiled iteration replayed, B = 1."""
+    prompts, requests = decoder.requests([prompt], MAX_MODEL_LEN - len(prompt), None, None)
+    state = decoder.prefill(prompts, requests)
+
+    def iteration():
+        if not dev.smoke:
+            torch.compiler.cudagraph_mark_step_begin()
+        return decoder.compiled["iteration"](state, requests)
+
+    for _ in range(3):  # compile, warm up, record the graph
+        iteration()
+    return dev.time_us(iteration), state, requests
+
+
+def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
+    decoder = build_decoder(target, None, 0, None, dev)
+    _, requests = decoder.requests([[1] * PROMPT_LEN], 8, None, None)
+    lens = torch.full((1,), PROMPT_LEN, dtype=torch.int64, device=dev.name)
+    times = {}
+    with torch.no_grad():
+        for n in sizes:
+            parents, depths = four_ary_tree(n, dev.name)
+            fn = dev.compile_alone(tree_target_fn(decoder, lens, parents, depths, requests.block_table))
+            times[n] = dev.time_us(fn, graph=True)
+            log(f"verify N={n}: {times[n]:.0f} µs")
+    rows = [[n, times[n], times[n] / times[min(sizes)]] for n in sizes]
+    text = (
+        f"Target forward with logits over N tree tokens of one request (prefix {PROMPT_LEN}; 4-ary tree mask), "
+        "compiled and captured alone\n\n" + table(["N", "target fwd µs", f"vs N = {min(sizes)}"], rows)
+    )
+    return text, times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, aot_eager: a check of the script")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="D,K,N", help="K = 1, N = D + 1: a chain")
+    parser.add_argument("--acceptance", nargs="+", default=DEFAULT_ACCEPTANCE, help="bench_tree.py JSON files")
+    parser.add_argument("--verify-sizes", type=int, nargs="+", default=[1, 4, 6, 8, 16, 32, 64])
+    parser.add_argument("--json", help="write the tables' numbers as JSON")
+    args = parser.parse_args(argv)
+    dev, budget = Device(args.smoke), Budget(args.budget_s)
+    acceptance = load_acceptance(args.acceptance)
+    layers = 2 if args.smoke else args.layers
+    target, head = build_8b(dev, layers, 256 if args.smoke else 32000)
+    name = "CPU" if args.smoke else torch.cuda.get_device_name()
+    print(f"{name}, torch {torch.__version__}; {layers} target layers, B = 1\n")
+    verify_text, verify_us = verify_section(dev, target, args.verify_sizes)
+    print(verify_text + "\n")
+    prompt = torch.randint(0, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0))
+    rows, out = [], {"device": name, "layers": layers, "verify_us": verify_us, "rows": []}
+    with torch.no_grad():
+        torch._dynamo.reset()
+        plain_us, _, _ = time_iteration(dev, build_decoder(target, head, 0, None, dev), prompt.tolist())
+        log(f"plain: {plain_us:.0f} µs per token ({budget.spent():.0f} s)")
+        for text in args.configs:
+            depth, tree = shape_of(text)
+            topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
+            label = ["chain" if tree is None else "tree", depth, topk, n]
+            if budget.over():
+                rows.append(label + ["skipped (budget)"] + [""] * 6)
+                continue
+            torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
+            t0 = time.perf_counter()
+            decoder = build_decoder(target, head, depth, tree, dev)
+            iteration_us, state, requests = time_iteration(dev, decoder, prompt.tolist())
+            compile_s = time.perf_counter() - t0
+            if tree is None:
+                target_fn, first_fn, step_fn = floor_fns(dev, decoder, state, requests)
+            else:
+                target_fn, first_fn, *step = tree_floor_fns(dev, decoder, state, requests)
+                step_fn = step[0] if step else None
+            target_us, first_us = dev.time_us(target_fn, graph=True), dev.time_us(first_fn, graph=True)
+            step_us = dev.time_us(step_fn, graph=True) if step_fn is not None else 0.0
+            floor = target_us + first_us + (depth - 1) * step_us
+            length = acceptance.get((depth, topk, n))
+            projected = length * plain_us / iteration_us if length is not None else None
+            rows.append(label + [iteration_us, floor, iteration_us / floor, target_us, first_us, step_us,
+                                 "n/a" if length is None else length, "n/a" if projected is None else projected])  # fmt: skip
+            out["rows"].append(dict(zip(["drafts", "depth", "topk", "N", "iteration_us", "floor_us", "ratio",
+                                         "target_us", "first_pass_us", "step_us", "acceptance_length",
+                                         "projected_speedup"], rows[-1], strict=True), compile_s=compile_s))  # fmt: skip
+            log(f"{text}: iteration {iteration_us:.0f} µs, floor {floor:.0f} µs, projected "
+                f"{projected if projected is None else round(projected, 2)} ({compile_s:.0f} s to build)")  # fmt: skip
+            del decoder, state, requests
+    out["plain_us"] = plain_us
+    headers = ["drafts", "D", "topk", "N", "iteration µs", "floor µs", "iteration / floor", "target fwd µs",
+               "draft first pass µs", "draft step µs", "acceptance length (demo pair)", "projected speedup"]  # fmt: skip
+    print(f"Plain decoding: {plain_us:.1f} µs per token (its compiled iteration)\n")
+    print(table(headers, rows))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    print(f"\ntotal {budget.spent():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

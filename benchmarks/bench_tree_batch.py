@@ -1,0 +1,102 @@
+"""Draft trees against chains by batch size on the demo pair (greedy): decode
+tokens/s of plain decoding, chains and trees at B = 1, 2, 4, ... 64, every
+configuration's iteration compiled per batch size (CUDA: mode="reduce-overhead").
+The demo's prompts are cycled to fill each batch and decoded together, --max-new-tokens
+each; every row's output is checked against plain decoding (FAIL when it differs).
+specdraft.generation.default_drafts picks tree or chain by batch size from this table.
+
+    python3 benchmarks/bench_tree_batch.py                            # GPU
+    python3 benchmarks/bench_tree_batch.py --batch-sizes 1 64 --configs 5,1,6 5,4,32
+    python3 benchmarks/bench_tree_batch.py --smoke                    # CPU, eager, a check of the script
+
+Batch sizes run in the order given under --budget-s; the JSON (--json) is rewritten
+after every row, so a run cut short keeps what it measured.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
+from specdraft.proposers import TreeShape
+
+CONFIGS = ["5,1,6", "5,4,16", "5,4,32", "3,1,4", "3,4,8"]
+BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def shape_of(text: str):
+    depth, topk, n = (int(x) for x in text.split(","))
+    return depth, (None if topk == 1 and n == depth + 1 else TreeShape(depth, topk, n))
+
+
+def run(decoder, prompts, max_new_tokens: int):
+    """(tokens per request, decode tokens/s, acceptance length): one warm-up call
+    (compile, CUDA-graph recording), then the timed one."""
+    decoder.generate(prompts, max_new_tokens=4)
+    result = decoder.generate(prompts, max_new_tokens=max_new_tokens)
+    stats = result.stats
+    length = float(stats.mean_acceptance_length) if decoder.proposer is not None else 1.0
+    return [t.tolist() for t in result.tokens], float(stats.decode_tokens_per_s), length
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="D,K,N", help="K = 1, N = D + 1: a chain")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", help="write the rows as JSON (after every row)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    compile = False if args.smoke else compile_options(args.device, True)
+    batch_sizes, configs = ([1, 2], args.configs[:2]) if args.smoke else (args.batch_sizes, args.configs)
+    max_new = 8 if args.smoke else args.max_new_tokens
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request\n")
+    print("| B | drafts | depth | topk | N | acceptance length | decode tokens/s | vs plain | lossless |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    start, rows = time.perf_counter(), []
+    for batch in batch_sizes:
+        prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
+        if time.perf_counter() - start > args.budget_s:
+            print(f"| {batch} | skipped (budget) | | | | | | | |")
+            continue
+        torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
+        plain, _ = build_decoders(device, 1, batch, compile)
+        want, plain_rate, _ = run(plain, prompts, max_new)
+        print(f"| {batch} | plain | | | | 1 | {plain_rate:,.0f} | 1.00x | |", flush=True)
+        for text in configs:
+            depth, tree = shape_of(text)
+            topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
+            label = "chain" if tree is None else "tree"
+            torch._dynamo.reset()
+            try:
+                _, decoder = build_decoders(device, depth, batch, compile, tree=tree)
+                got, rate, length = run(decoder, prompts, max_new)
+            except Exception as error:  # noqa: BLE001 - the row records it, the bench goes on
+                print(f"| {batch} | {label} | {depth} | {topk} | {n} | {type(error).__name__} | | | |")
+                log(f"B={batch} {text}: {error!r}")
+                continue
+            rows.append({"B": batch, "drafts": label, "depth": depth, "topk": topk, "N": n,
+                         "acceptance_length": length, "decode_tokens_per_s": rate, "plain_tokens_per_s": plain_rate,
+                         "speedup": rate / plain_rate, "lossless": got == want})  # fmt: skip
+            print(f"| {batch} | {label} | {depth} | {topk} | {n} | {length:.3f} | {rate:,.0f} | "
+                  f"{rate / plain_rate:.2f}x | {'yes' if got == want else 'FAIL'} |", flush=True)  # fmt: skip
+            log(f"B={batch} {text}: {rate:,.0f} tok/s ({time.perf_counter() - start:.0f} s)")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"device": name, "max_new_tokens": max_new, "rows": rows}, f, indent=1)
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
