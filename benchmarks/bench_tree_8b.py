@@ -32,8 +32,8 @@ import pathlib
 import time
 
 import torch
-
 from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, log, table
+
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
 from specdraft.generation.verify import slots_of, window_batch
