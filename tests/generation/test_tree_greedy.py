@@ -5,7 +5,10 @@ plain-loop oracle (specs.generate: no KV cache), with requests stopping at an EO
 at max_new_tokens and at max_model_len inside a tree. After a run, every request's
 target KV cache holds what a fresh prefill of its tokens writes (<= 1e-5 fp32),
 paths through a 2nd or later sibling included; topk = 1 with N = D + 1 is the chain
-decoder token for token, with the same per-depth accept counts."""
+decoder token for token, with the same per-depth accept counts. The same holds for
+trees drafted by the autoregressive speculator (a standalone draft LM)."""
+
+import copy
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from specdraft.assets import load_demo_pair
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
 from specdraft.layout import BatchMetadata
-from specdraft.proposers import EagleProposer, TreeShape
+from specdraft.proposers import AutoregressiveSpeculator, DraftLM, EagleProposer, TreeShape
 
 from fixtures.compiled_generate import assert_compiled_runs_equal
 from specs.generate import greedy_decode
@@ -164,4 +167,46 @@ def test_tree_iteration_compiles_once(pair, backend):
     want = tree_decoder(target, head, shape, len(PROMPTS)).generate(PROMPTS, **run)
     torch._dynamo.reset()
     compiled = tree_decoder(target, head, shape, len(PROMPTS), compile={"backend": backend})
+    assert_compiled_runs_equal(want, compiled, PROMPTS, run)
+
+
+# ------------------------------------------------------- the autoregressive speculator
+
+
+def noisy_lm_speculator(target, shape: TreeShape, num_reqs: int):
+    """An AutoregressiveSpeculator whose draft LM is the demo target with noise on its
+    MLP weights (0.6 of each weight's spread): it agrees with the target often but
+    not always, so paths end early and go through later siblings."""
+    lm = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, weight in lm.named_parameters():
+            if ".mlp." in name:
+                weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=gen))
+    config = SpeculativeConfig(num_speculative_tokens=shape.depth, max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE)
+    blocks = num_kv_blocks(num_reqs, MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
+    return AutoregressiveSpeculator(DraftLM(lm), config, lm.allocate_kv_caches(blocks, BLOCK_SIZE))
+
+
+def test_autoregressive_speculator_trees_are_lossless(pair, expected):
+    """Trees drafted by a standalone LM: the target's greedy output (EOS, max_new_tokens
+    and max_model_len inside a tree), with later siblings accepted along the way."""
+    target, _ = pair
+    shape = TreeShape(4, 4, 16)
+    decoder = TreeSpeculativeDecoder(target, noisy_lm_speculator(target, shape, len(PROMPTS)), shape)
+    for eos in (None, EOS):
+        result = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=eos)
+        assert [t.tolist() for t in result.tokens] == expected[eos]
+    assert int(result.stats.accepted_sibling_rank[1:].sum()) > 0, "no path went through a later sibling"
+    assert 1.5 < float(result.stats.mean_acceptance_length) < shape.depth + 1  # some drafts rejected, some not
+
+
+def test_autoregressive_tree_iteration_compiles_once(pair):
+    target, _ = pair
+    shape = TreeShape(3, 2, 6)
+    run = {"max_new_tokens": [12, 9, 14]}
+    speculator = noisy_lm_speculator(target, shape, len(PROMPTS))
+    want = TreeSpeculativeDecoder(target, speculator, shape).generate(PROMPTS, **run)
+    torch._dynamo.reset()
+    compiled = TreeSpeculativeDecoder(target, speculator, shape, compile={"backend": "aot_eager"})
     assert_compiled_runs_equal(want, compiled, PROMPTS, run)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from specdraft.layout import TreeBatchMetadata
 from specdraft.ops import tree_ancestors, tree_commit_kv, tree_verify
+from specdraft.proposers import AutoregressiveSpeculator
 from specdraft.proposers.tree_build import TreeShape
 
 from . import checks
@@ -140,7 +141,9 @@ def sibling_rank(parents: torch.Tensor) -> torch.Tensor:
 class TreeSpeculativeDecoder(SpeculativeDecoder):
     """SpeculativeDecoder with EAGLE-2 draft trees (module docstring): `tree` is a
     TreeShape (depth, topk, num_verify_tokens); `proposer` an EagleProposer with an
-    EAGLE-1 or EAGLE-3 head. The KV caches (target and draft) need
+    EAGLE-1 or EAGLE-3 head, or an AutoregressiveSpeculator (a standalone draft LM,
+    whose window pass rewrites the accepted path's draft KV as an EAGLE head's first
+    pass does). The KV caches (target and draft) need
     num_kv_blocks(B, max_model_len, num_verify_tokens - 1, block_size) blocks: a pass
     writes N nodes past a request's length. An all-greedy batch verifies by the
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
@@ -150,8 +153,9 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         if not isinstance(tree, TreeShape):
             raise ValueError(f"tree must be a TreeShape(depth, topk, num_verify_tokens), got {type(tree).__name__}")
         if proposer is None or not hasattr(proposer, "propose_tree"):
-            raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head)")
-        if proposer.config.method not in ("eagle", "eagle3"):
+            raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head) or an "
+                             "AutoregressiveSpeculator")  # fmt: skip
+        if not isinstance(proposer, AutoregressiveSpeculator) and proposer.config.method not in ("eagle", "eagle3"):
             raise ValueError(f"proposer: draft trees need an EAGLE-1 or EAGLE-3 head, got method "
                              f"{proposer.config.method!r}")  # fmt: skip
         self.tree = tree

@@ -56,6 +56,9 @@ from specdraft.proposers.loop import (
     one_group,
     static_min,
 )
+from specdraft.proposers.tree import TreeDraftOutput
+from specdraft.proposers.tree_build import TreeShape
+from specdraft.proposers.tree_lm import check_tree_lm, draft_lm_tree
 
 
 class DraftLM(nn.Module):
@@ -104,6 +107,13 @@ class DraftLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         return self.model.compute_logits(hidden)
+
+    def draft_logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits over the LM's vocabulary (the target's: no draft vocabulary map)."""
+        return self.model.compute_logits(hidden)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids.to(torch.int64)
 
 
 @dataclass
@@ -194,6 +204,27 @@ class AutoregressiveSpeculator(Proposer):
         is always embedded from its id.
         """
         # token_indices_to_sample is implied by num_rejected_tokens: neither checked nor read.
+        h_next_token, state = self.window_pass(
+            target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling,
+            num_rejected_tokens=num_rejected_tokens, inputs_embeds=inputs_embeds,
+        )  # fmt: skip
+        device = next_token_ids.device
+        sample = DraftSampler(
+            self.config, sampling, allocate_draft_probs(self.config, self.model.config.vocab_size,
+                                                        metadata.num_reqs, device)
+        )  # fmt: skip
+        draft_step = None if sample.probs is None else torch.zeros((), dtype=torch.int64, device=device)
+        logits = self.model.compute_logits(h_next_token, spec_step_idx=0)
+        return PrefillState(sample.step(logits, state, draft_step), state, sample, draft_step)
+
+    def window_pass(
+        self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling=None, *,
+        num_rejected_tokens=None, inputs_embeds=None,
+    ) -> tuple[torch.Tensor, StepState]:  # fmt: skip
+        """The LM over each request's kept window plus its next token (module doc:
+        the layout of the prefill), after the argument checks. Returns the output at
+        the next tokens' rows [B, H] and the step state of the token fed after them
+        (the next token's position, slot and seq_len; its hidden state)."""
         window = self.checked_window(
             TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
                          num_rejected_tokens=num_rejected_tokens),
@@ -235,13 +266,34 @@ class AutoregressiveSpeculator(Proposer):
             inputs_embeds=embeds,
         )
         state.hidden_states = h_next.index_select(0, new_index)
-        device = next_token_ids.device
-        sample = DraftSampler(
-            self.config, sampling, allocate_draft_probs(self.config, vocab, metadata.num_reqs, device)
-        )
-        draft_step = None if sample.probs is None else torch.zeros((), dtype=torch.int64, device=device)
-        logits = self.model.compute_logits(h_sample.index_select(0, new_index), spec_step_idx=0)
-        return PrefillState(sample.step(logits, state, draft_step), state, sample, draft_step)
+        return h_sample.index_select(0, new_index), state
+
+    @torch.no_grad()
+    def propose_tree(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        target_hidden_states: torch.Tensor | None,
+        next_token_ids: torch.Tensor,
+        metadata: BatchMetadata,
+        shape: TreeShape,
+        *,
+        token_indices_to_sample: torch.Tensor | None = None,
+        num_rejected_tokens: torch.Tensor | None = None,
+        return_logprobs: bool = False,
+    ) -> TreeDraftOutput:
+        """An EAGLE-2 draft tree per request (specdraft.proposers.tree_lm): the
+        window pass of `prefill` (same arguments; the root is next_token_ids), then
+        shape.depth - 1 steps that feed every request's topk frontier nodes through
+        the whole LM with exact tree attention. Returns what EagleProposer.propose_tree
+        returns (the drafts are the LM's top-k: deterministic, at any temperature)."""
+        if not isinstance(shape, TreeShape):
+            raise ValueError(f"shape must be a TreeShape(depth, topk, num_verify_tokens), got {type(shape).__name__}")
+        check_tree_lm(self.model)
+        window_args = dict(target_token_ids=target_token_ids, target_positions=target_positions,
+                           target_hidden_states=target_hidden_states, next_token_ids=next_token_ids,
+                           metadata=metadata, num_rejected_tokens=num_rejected_tokens)  # fmt: skip
+        return draft_lm_tree(self, window_args, shape, return_logprobs=return_logprobs)
 
     def decode(self, state: PrefillState) -> DraftOutput:
         """The K - 1 single-token steps after prefill. Compile / capture this alone:

@@ -1,6 +1,7 @@
 """EAGLE-2 tree drafting with exact draft attention, in static shapes.
 
-    draft_tree   first_pass -> expand_root -> (depth - 1) x [feed_frontier -> expand_frontier] -> select_tree
+    draft_tree   first_pass -> grow_tree: expand_root -> (depth - 1) x [feed_frontier -> expand_frontier]
+                 -> select_tree
 
 The first pass is the chain's (`loop.first_pass`): the draft over the target's
 window, ending on the root (the token the target emitted last). The root's logits
@@ -130,29 +131,54 @@ def draft_tree(
     """The EAGLE-2 tree of every request (module docstring). window.metadata's
     max_seq_len is resolved (Proposer.checked_window)."""
     metadata, positions = window.metadata, window.positions
-    batch, topk = metadata.num_reqs, shape.topk
+    batch = metadata.num_reqs
     sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
     input_ids = clamp_ids(shift_input_ids(window.token_ids, window.next_token_ids, sample_index),
                           model.config.vocab_size)  # fmt: skip
     hidden_states = model.combine_hidden_states(window.hidden_states)
     h_sample, h_next = first_pass(model, kv_caches, input_ids, positions, hidden_states, metadata, sample_index)
-    tokens, logprobs, root_logprobs = top_children(model.draft_logits(h_sample, 0), topk, model)
-    pool, frontier = expand_root(tokens, logprobs)
-
-    root_positions = position_rows(positions, sample_index)
-    slots = (shape.depth - 1) * topk
     buffers = empty_buffers(model, kv_caches, batch, shape)
-    hidden = h_next.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
-    ancestry = torch.zeros(batch, topk, slots, dtype=torch.bool, device=h_next.device)  # buffer entries seen
-    lane = torch.arange(topk, device=h_next.device)
+
+    def feed(tokens, hidden, node_pos, step, visible):
+        return feed_frontier(model, kv_caches, tokens, hidden, node_pos, step, buffers, visible, metadata, seq_lens)
+
+    root = TreeRoot(model.draft_logits(h_sample, 0), h_next, position_rows(positions, sample_index))
+    return grow_tree(model, config, shape, root, feed, window.next_token_ids, return_logprobs)
+
+
+class TreeRoot(NamedTuple):
+    """What a draft's pass over the target's window leaves for the tree: the root's
+    draft logits [B, Vd], the hidden state its children are fed with [B, H] and its
+    position ([B], or [3, B] with M-RoPE)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    positions: torch.Tensor
+
+
+def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: TreeRoot, feed, next_token_ids,
+              return_logprobs: bool = False) -> TreeDraftOutput:  # fmt: skip
+    """expand_root, then (depth - 1) x [feed the frontier -> expand_frontier], then
+    select_tree. feed(tokens [B, topk], hidden [B * topk, H], positions, step,
+    visible [B, topk, (depth - 1) * topk]) runs the draft over the frontier and
+    returns (hidden for its logits, hidden for the next step); the draft's own layers
+    decide what that is (tree.feed_frontier: an EAGLE head's step layer,
+    tree_lm.feed_lm_frontier: every layer of a standalone LM)."""
+    batch, topk = next_token_ids.shape[0], shape.topk
+    tokens, logprobs, root_logprobs = top_children(root.logits, topk, model)
+    pool, frontier = expand_root(tokens, logprobs)
+    slots = (shape.depth - 1) * topk
+    device = root.hidden.device
+    hidden = root.hidden.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
+    ancestry = torch.zeros(batch, topk, slots, dtype=torch.bool, device=device)  # buffer entries seen
+    lane = torch.arange(topk, device=device)
     step_logprobs, step_index = [], []
     for step in range(1, shape.depth):
         fed = pool.tokens.gather(1, frontier.index)
         visible = ancestry.clone()
         visible[:, lane, (step - 1) * topk + lane] = True  # each node sees itself
-        node_pos = node_positions(root_positions, step, topk, config.max_model_len)
-        h_sample, h_next = feed_frontier(model, kv_caches, fed, hidden, node_pos, step, buffers, visible, metadata,
-                                         seq_lens)  # fmt: skip
+        node_pos = node_positions(root.positions, step, topk, config.max_model_len)
+        h_sample, h_next = feed(fed, hidden, node_pos, step, visible)
         children, child_logprobs, all_logprobs = top_children(model.draft_logits(h_sample, step), topk, model)
         if return_logprobs:
             step_logprobs.append(all_logprobs.view(batch, topk, -1))
@@ -164,7 +190,7 @@ def draft_tree(
         hidden = h_next.view(batch, topk, -1).gather(1, parent_lane[:, :, None].expand(-1, -1, h_next.shape[-1]))
         hidden = hidden.reshape(batch * topk, -1)
         ancestry = visible.gather(1, parent_lane[:, :, None].expand(-1, -1, slots))
-    tree = select_tree(pool, window.next_token_ids, shape.num_verify_tokens)
+    tree = select_tree(pool, next_token_ids, shape.num_verify_tokens)
     if not return_logprobs:
         return TreeDraftOutput(tree)
     frontier_logprobs = torch.stack(step_logprobs, 1) if step_logprobs else root_logprobs.new_zeros(batch, 0, topk, 0)
