@@ -1,6 +1,7 @@
-"""ops.tree_expand, ops.tree_select, ops.tree_ancestors and ops.tree_commit_kv against
-plain-Python oracles written from their definitions (add the parent's score, sort by
-score then index, walk the parent pointers, move slot after slot), in every lane (`kernel`: the CPU reference, the
+"""ops.tree_expand, ops.tree_select, ops.tree_ancestors, ops.tree_positions and
+ops.tree_commit_kv against plain-Python oracles written from their definitions (add
+the parent's score, sort by score then index, walk the parent pointers, root + depth
+capped at max_model_len - 1, move slot after slot), in every lane (`kernel`: the CPU reference, the
 TRITON_INTERPRET=1 kernels, CUDA). Random pools have exact ties (scores from a coarse
 grid, log-probability 0 included, so children tie their parents)."""
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdraft import checked
-from specdraft.ops import tree_ancestors, tree_commit_kv, tree_expand, tree_select
+from specdraft.ops import tree_ancestors, tree_commit_kv, tree_expand, tree_positions, tree_select
 
 from fixtures.lanes import INTERPRETER
 
@@ -141,6 +142,21 @@ def commit_oracle(cache, src, dst):
 
 
 @pytest.mark.kernel
+@settings(max_examples=EXAMPLES)
+@given(data=st.data(), batch=st.integers(1, 4), n=st.integers(1, 64), mrope=st.booleans(),
+       max_model_len=st.integers(1, 80))  # fmt: skip
+def test_positions_are_root_plus_depth_below_max_model_len(device, data, batch, n, mrope, max_model_len):
+    rows = 3 if mrope else 1
+    roots = [[data.draw(st.integers(0, 90)) for _ in range(batch)] for _ in range(rows)]
+    depths = [[data.draw(st.integers(0, 8)) for _ in range(n)] for _ in range(batch)]
+    root_tensor = torch.tensor(roots if mrope else roots[0], dtype=torch.int32).to(device)
+    got = tree_positions(root_tensor, torch.tensor(depths).to(device), max_model_len)
+    want = [[[min(roots[r][b] + d, max_model_len - 1) for d in depths[b]] for b in range(batch)] for r in range(rows)]
+    assert got.dtype == torch.int64
+    assert got.tolist() == (want if mrope else want[0])
+
+
+@pytest.mark.kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_commit_moves_slots_in_depth_order(device, dtype):
     g = torch.Generator().manual_seed(0)
@@ -173,6 +189,10 @@ def test_bad_input_names_the_argument(device):
         tree_expand(scores, scores.view(2, 5, 1), 6)
     with pytest.raises(ValueError, match="^parents"):
         tree_ancestors(torch.zeros(2, 3, device=device))
+    with pytest.raises(ValueError, match="^root_positions"):
+        tree_positions(roots[:1], tokens, 8)
+    with pytest.raises(ValueError, match="^max_model_len"):
+        tree_positions(roots, tokens, 0)
     with pytest.raises(ValueError, match="^dst_slots"):
         tree_commit_kv(torch.zeros(2, 2, 4, 1, 2, device=device), tokens, tokens[:, :3])
 
@@ -186,6 +206,10 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.specdraft.tree_select, (tokens, scores, parents, depths, roots, 3))
     torch.library.opcheck(torch.ops.specdraft.tree_expand, (scores[:, :2], scores.view(1, 2, 2), 3))
     torch.library.opcheck(torch.ops.specdraft.tree_ancestors, (torch.tensor([[-1, 0, 0, 2]], device=device),))
+    depths_2 = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]], device=device)
+    torch.library.opcheck(torch.ops.specdraft.tree_positions, (torch.tensor([5, 9], device=device), depths_2, 11))
+    mrope_roots = torch.tensor([[5, 9], [6, 3], [7, 1]], device=device)
+    torch.library.opcheck(torch.ops.specdraft.tree_positions, (mrope_roots, depths_2, 11))
     cache = torch.randn(2, 2, 4, 1, 2, device=device)
     moves = (torch.tensor([[1, 5]], device=device), torch.tensor([[0, 2]], device=device))
     torch.library.opcheck(torch.ops.specdraft.tree_commit_kv, (cache, *moves))

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.layout import TreeBatchMetadata
-from specdraft.ops import tree_ancestors, tree_commit_kv, tree_verify
+from specdraft.ops import tree_ancestors, tree_commit_kv, tree_positions, tree_verify
 from specdraft.proposers import AutoregressiveSpeculator
 from specdraft.proposers.tree_build import TreeShape
 
@@ -208,7 +208,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         ancestors = tree_ancestors(state.tree_parents)
         rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
         seq_index = state.lens[:, None] + torch.arange(n, device=device)
-        positions = state.lens[:, None] + state.tree_depths
+        positions = tree_positions(state.lens, state.tree_depths.contiguous(), self.max_model_len)
         metadata = TreeBatchMetadata(
             query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
             seq_lens=(state.lens + n).to(torch.int32),

@@ -17,7 +17,14 @@ with quiet_without_triton():
     from .shift_and_cache_1d import shift_and_cache_1d
     from .shift_plan import ShiftPlan, shift_plan
     from .step_metadata import PADDING_SLOT_ID, step_metadata
-    from .tree_structure import SelectedTree, tree_ancestors, tree_commit_kv, tree_expand, tree_select
+    from .tree_structure import (
+        SelectedTree,
+        tree_ancestors,
+        tree_commit_kv,
+        tree_expand,
+        tree_positions,
+        tree_select,
+    )
     from .vocab_metrics import VocabMetrics, vocab_metrics
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
     # draft-tree structure
     "SelectedTree",
     "tree_ancestors",
+    "tree_positions",
     "tree_commit_kv",
     "tree_expand",
     "tree_select",

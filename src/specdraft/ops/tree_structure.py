@@ -10,10 +10,12 @@ verifier (ops/sampling/tree_verify.py).
   node's parent as a tree index;
 - `tree_ancestors`: the ancestor mask [B, N, N] of a parent array (node j is node i
   or an ancestor of it): the draft's and the target's tree attention mask;
+- `tree_positions`: the rotary positions of tree nodes: their root's position plus
+  their depth, clamped below max_model_len (1-D or M-RoPE rows);
 - `tree_commit_kv`: after verification, the accepted path's KV moved into the
   contiguous slots a chain would have written, in one cache, in place.
 
-One program per request for the first three (N <= 64 and a pool of at most a few
+One program per request (per M-RoPE row and request for the positions) for the first four (N <= 64 and a pool of at most a few
 hundred nodes fit one program's registers), one per (request, feature block) for
 the commit. Each op's reference is the same computation in torch.
 """
@@ -35,6 +37,7 @@ from .tree_structure_kernels import (
     tree_ancestors_kernel,
     tree_commit_kv_kernel,
     tree_expand_kernel,
+    tree_positions_kernel,
     tree_select_kernel,
 )
 
@@ -115,6 +118,10 @@ def tree_ancestors_reference(parents: torch.Tensor) -> torch.Tensor:
     return closure > 0
 
 
+def tree_positions_reference(root_positions: torch.Tensor, depths: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    return (root_positions.long()[..., None] + depths.long()).clamp(max=max_model_len - 1)
+
+
 def tree_commit_kv_reference(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
     """Depth by depth, as the kernel moves them (within a request a move may read a
     slot that an earlier depth wrote)."""
@@ -175,6 +182,19 @@ def _tree_ancestors_op(parents: torch.Tensor) -> torch.Tensor:
     out = torch.empty((batch, n, n), dtype=torch.bool, device=parents.device)
     if batch > 0:
         wrap_triton(tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=max(16, triton.next_power_of_2(n)))
+    return out
+
+
+@triton_op(f"{NAMESPACE}::tree_positions", mutates_args=())
+def _tree_positions_op(root_positions: torch.Tensor, depths: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    if not use_triton(depths):
+        return tree_positions_reference(root_positions, depths, max_model_len)
+    batch, n = depths.shape
+    out = torch.empty((*root_positions.shape, n), dtype=torch.int64, device=depths.device)
+    if out.numel() > 0:
+        wrap_triton(tree_positions_kernel)[(root_positions.numel(),)](
+            root_positions, depths, out, batch, n, max_model_len - 1, N_PAD=max(16, triton.next_power_of_2(n)),
+        )  # fmt: skip
     return out
 
 
@@ -271,6 +291,28 @@ def tree_ancestors(parents: torch.Tensor) -> torch.Tensor:
     """
     check_tensor_arg("parents", parents, INDEX_DTYPES, shape=(None, at_least(1, "N")), contiguous=True)
     return _tree_ancestors_op(parents)
+
+
+def tree_positions(root_positions: torch.Tensor, depths: torch.Tensor, max_model_len: int) -> torch.Tensor:
+    """Rotary positions of tree nodes: root_positions + depth, clamped to
+    max_model_len - 1 (a node past it can never be accepted; the clamp keeps its
+    rotary lookup in range).
+
+    Args:
+        root_positions: [B] or M-RoPE [3, B] int32/int64, each request's root position
+            (every row shifted alike).
+        depths: [B, N] int32/int64, each node's depth below its root.
+        max_model_len: Python int >= 1.
+
+    Returns:
+        [B, N] (or [3, B, N]) int64.
+    """
+    check_tensor_arg("depths", depths, INDEX_DTYPES, shape=(None, None), contiguous=True)
+    batch = depths.shape[0]
+    rows = (batch,) if root_positions.dim() == 1 else (3, batch)
+    check_tensor_arg("root_positions", root_positions, INDEX_DTYPES, shape=rows, contiguous=True, device_of=depths)
+    check_int_range("max_model_len", max_model_len, 1, 2**62)
+    return _tree_positions_op(root_positions, depths, max_model_len)
 
 
 def tree_commit_kv(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """The Triton kernels of the draft-tree structure ops (tree_structure.py, which
 documents what each computes): one program per request for tree_expand, tree_select
-and tree_ancestors, one per (request, feature block) for tree_commit_kv."""
+and tree_ancestors, one per root row for tree_positions, one per (request, feature
+block) for tree_commit_kv."""
 
 from .backend import tl, triton
 
@@ -89,6 +90,18 @@ def tree_ancestors_kernel(parents_ptr, out_ptr, n, N_PAD: tl.constexpr):
         up = tl.load(parents_ptr + b * n + current, mask=live, other=-1)
         live = live & (up >= 0) & (up < n)
         current = tl.where(live, up, 0)
+
+
+@triton.jit
+def tree_positions_kernel(roots_ptr, depths_ptr, out_ptr, batch, n, last, N_PAD: tl.constexpr):
+    # Program r: root row r (M-RoPE row r // batch of request r % batch).
+    r = tl.program_id(0).to(tl.int64)
+    b = r % batch
+    nodes = tl.arange(0, N_PAD)
+    in_tree = nodes < n
+    root = tl.load(roots_ptr + r).to(tl.int64)
+    depth = tl.load(depths_ptr + b * n + nodes, mask=in_tree, other=0).to(tl.int64)
+    tl.store(out_ptr + r * n + nodes, tl.minimum(root + depth, last), mask=in_tree)
 
 
 @triton.jit

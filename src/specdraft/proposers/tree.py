@@ -29,6 +29,7 @@ import torch
 from specdraft.config import SpeculativeConfig
 from specdraft.layout import position_rows
 from specdraft.models.attention import prefix_and_tree_attention
+from specdraft.ops import tree_positions
 from specdraft.proposers.loop import (
     TargetWindow,
     clamp_ids,
@@ -87,10 +88,10 @@ def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
 def node_positions(root_positions: torch.Tensor, depth: int, count: int, max_model_len: int) -> torch.Tensor:
     """Rotary positions of `count` nodes per request at `depth` below the root: the
     root's + depth on every row (M-RoPE: [3, B * count]), clamped below
-    max_model_len (a node past it can never be accepted; the clamp keeps its rotary
-    lookup in range)."""
-    rows = (root_positions + depth).clamp(max=max_model_len - 1)
-    return rows.repeat_interleave(count, dim=-1)
+    max_model_len by ops.tree_positions (a node past it can never be accepted; the
+    clamp keeps its rotary lookup in range)."""
+    depths = torch.full((root_positions.shape[-1], count), depth, dtype=torch.int64, device=root_positions.device)
+    return tree_positions(root_positions.contiguous(), depths, max_model_len).flatten(-2)
 
 
 def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffers: dict, visible, metadata, seq_lens):
