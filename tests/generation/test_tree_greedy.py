@@ -5,7 +5,8 @@ plain-loop oracle (specs.generate: no KV cache), with requests stopping at an EO
 at max_new_tokens and at max_model_len inside a tree. After a run, every request's
 target KV cache holds what a fresh prefill of its tokens writes (<= 1e-5 fp32),
 paths through a 2nd or later sibling included; topk = 1 with N = D + 1 is the chain
-decoder token for token, with the same per-depth accept counts. The same holds for
+decoder token for token, with the same per-depth accept counts (also on 64 prompts x
+256 new tokens). The same holds for
 trees drafted by the autoregressive speculator (a standalone draft LM)."""
 
 import copy
@@ -210,3 +211,29 @@ def test_autoregressive_tree_iteration_compiles_once(pair):
     torch._dynamo.reset()
     compiled = TreeSpeculativeDecoder(target, speculator, shape, compile={"backend": "aot_eager"})
     assert_compiled_runs_equal(want, compiled, PROMPTS, run)
+
+
+def scale_prompts(count: int) -> list[list[int]]:
+    """`count` distinct byte prompts: the demo's Python snippets cut at different lengths."""
+    from specdraft.demo import PROMPTS as SNIPPETS
+
+    texts = [list(t.encode()) for t in SNIPPETS]
+    return [texts[i % len(texts)][: 6 + (7 * i) % 40] for i in range(count)]
+
+
+def test_topk_one_is_the_chain_on_64_prompts_of_256_tokens(pair):
+    """The issue's scale: 64 prompts x 256 new tokens, one batch, greedy: a (3, 1, 4)
+    tree and the K = 3 chain emit the same tokens with the same accept counts."""
+    target, head = pair
+    depth, prompts, max_len = 3, scale_prompts(64), 320
+    tree = tree_decoder(target, head, TreeShape(depth, 1, depth + 1), len(prompts), max_model_len=max_len)
+    config = SpeculativeConfig(method="eagle3", num_speculative_tokens=depth, max_model_len=max_len,
+                               block_size=BLOCK_SIZE)  # fmt: skip
+    blocks = num_kv_blocks(len(prompts), max_len, depth, BLOCK_SIZE)
+    chain = SpeculativeDecoder(target, EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE)))
+    got = tree.generate(prompts, max_new_tokens=256)
+    want = chain.generate(prompts, max_new_tokens=256)
+    assert all(len(t) == 256 for t in want.tokens)
+    assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
+    assert got.stats.accepted_per_position.tolist() == want.stats.accepted_per_position.tolist()
+    assert got.stats.request_passes.tolist() == want.stats.request_passes.tolist()
