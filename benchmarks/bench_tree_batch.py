@@ -23,7 +23,7 @@ import torch
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
 from specdraft.proposers import TreeShape
 
-CONFIGS = ["5,1,6", "5,4,16", "5,4,32", "3,1,4", "3,4,8"]
+CONFIGS = ["3,1,4", "5,1,6", "3,4,8", "5,4,16"]
 BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
 
 

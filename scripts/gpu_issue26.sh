@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
 # Issue 26's GPU points, one stage per device call (each fits its 10 minutes), logs under $OUT:
 #   bash scripts/gpu_issue26.sh tests    # the tree tests on CUDA (tree ops' kernels included), then
-#                                        # the 10**6-trial lossless cases (slow lane) and T = 0.7 rows
+#                                        # the 10**6-trial lossless cases (slow lane)
+#   bash scripts/gpu_issue26.sh t07      # benchmarks/bench_tree.py --temperature 0.7: every row sampled
 #   bash scripts/gpu_issue26.sh 8b       # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
-#   bash scripts/gpu_issue26.sh batch    # benchmarks/bench_tree_batch.py: tree vs chain, B = 1 .. 64
+#   bash scripts/gpu_issue26.sh batch [B ...]  # benchmarks/bench_tree_batch.py: tree vs chain, B = 1 .. 64
 #   bash scripts/gpu_issue26.sh demo     # benchmarks/bench_tree.py: every row greedy (the first calls' stage)
 DEFAULT_OUT=/tmp/gpu_issue26
 source "$(dirname "$0")/gpu_setup.sh"
 stage=${1:-tests}
 case "$stage" in
 tests)
-    SPECDRAFT_DEVICE=cuda timeout 170 python3 -m pytest -q -n 8 -p no:cacheprovider -m "not interpreter" -rf \
-        tests/proposers/test_tree_draft.py tests/proposers/test_tree_build.py tests/generation/test_tree_greedy.py \
-        tests/generation/test_tree_sampling.py tests/generation/test_tree_cuda_graph.py tests/ops/sampling/ \
-        tests/ops/test_tree_structure.py tests/testing/test_invalid_strategies.py -k "tree" 2>&1 \
-        | tee "$OUT/tests_tree.log" | tail -25
-    SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda timeout 120 python3 -m pytest -q -n 4 -p no:cacheprovider -m slow -rf \
-        tests/ops/sampling/test_tree_verify_lossless.py 2>&1 | tee "$OUT/tests_lossless_1e6.log" | tail -8
-    timeout 270 python3 benchmarks/bench_tree.py --temperature 0.7 --budget-s 220 \
-        --json "$OUT/bench_tree_t07.json" 2>&1 | tee "$OUT/bench_tree_t07.log" | tail -20
+    SPECDRAFT_DEVICE=cuda timeout 300 python3 -m pytest -q -n 12 -p no:cacheprovider -m "not interpreter" -rf \
+        tests/proposers/test_tree_draft.py tests/proposers/test_tree_build.py tests/proposers/test_tree_autoregressive.py \
+        tests/generation/test_tree_greedy.py tests/generation/test_tree_sampling.py \
+        tests/generation/test_tree_cuda_graph.py tests/ops/sampling/test_tree_verify.py \
+        tests/ops/sampling/test_tree_verify_compile.py tests/ops/sampling/test_tree_verify_lossless.py \
+        tests/ops/test_tree_structure.py > "$OUT/tests_tree.log" 2>&1
+    echo "tree tests: exit $?"; tail -25 "$OUT/tests_tree.log"
+    SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider -m slow -rf \
+        tests/ops/sampling/test_tree_verify_lossless.py > "$OUT/tests_lossless_1e6.log" 2>&1
+    echo "10**6-trial lossless cases: exit $?"; tail -8 "$OUT/tests_lossless_1e6.log"
+    ;;
+t07)
+    timeout 560 python3 benchmarks/bench_tree.py --temperature 0.7 --budget-s 480 \
+        --json "$OUT/bench_tree_t07.json" > "$OUT/bench_tree_t07.log" 2>&1
+    echo "bench_tree T = 0.7: exit $?"; grep "^|" "$OUT/bench_tree_t07.log"; head -3 "$OUT/bench_tree_t07.log"
     ;;
 8b)
-    timeout 580 python3 benchmarks/bench_tree_8b.py --budget-s 430 --json "$OUT/bench_tree_8b.json" 2>&1 \
-        | tee "$OUT/bench_tree_8b.log" | tail -40
+    timeout 580 python3 benchmarks/bench_tree_8b.py --budget-s 430 --json "$OUT/bench_tree_8b.json" \
+        > "$OUT/bench_tree_8b.log" 2>&1
+    echo "bench_tree_8b: exit $?"; grep -v "^verify\|^plain:\|^[0-9],[0-9]" "$OUT/bench_tree_8b.log" | tail -40
     ;;
 batch)
-    timeout 580 python3 benchmarks/bench_tree_batch.py --budget-s 470 --json "$OUT/bench_tree_batch.json" 2>&1 \
-        | tee "$OUT/bench_tree_batch.log" | tail -45
+    shift
+    sizes=${*:-1 64 8 32 2 16 4}
+    name=bench_tree_batch_${sizes// /_}
+    timeout 580 python3 benchmarks/bench_tree_batch.py --budget-s 470 --batch-sizes $sizes --json "$OUT/$name.json" \
+        > "$OUT/$name.log" 2>&1
+    echo "bench_tree_batch $sizes: exit $?"; grep "^|" "$OUT/$name.log"
     ;;
 demo)
     timeout 250 python3 benchmarks/bench_tree.py --budget-s 190 --json "$OUT/bench_tree.json" 2>&1 \
         | tee "$OUT/bench_tree.log" | tail -30
     ;;
 *)
-    echo "usage: bash scripts/gpu_issue26.sh tests|8b|batch|demo" >&2
+    echo "usage: bash scripts/gpu_issue26.sh tests|t07|8b|batch|demo" >&2
     exit 2
     ;;
 esac

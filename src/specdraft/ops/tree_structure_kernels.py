@@ -83,11 +83,13 @@ def tree_ancestors_kernel(parents_ptr, out_ptr, n, N_PAD: tl.constexpr):
     tl.debug_barrier()
     # Lane i walks from node i up to the root, marking each node it passes; a parent
     # outside [0, n) ends the walk as the root's -1 does. n steps cover any path.
-    current = nodes
+    # int64 throughout: a loop-carried value must keep one type (a compiled kernel
+    # refuses int32 -> int64; the interpreter does not check).
+    current = nodes.to(tl.int64)
     live = in_tree
     for _ in range(0, n):
         tl.store(block + nodes * n + current, tl.full([N_PAD], 1, tl.int1), mask=live)
-        up = tl.load(parents_ptr + b * n + current, mask=live, other=-1)
+        up = tl.load(parents_ptr + b * n + current, mask=live, other=-1).to(tl.int64)
         live = live & (up >= 0) & (up < n)
         current = tl.where(live, up, 0)
 
