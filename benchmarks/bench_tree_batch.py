@@ -38,8 +38,9 @@ def shape_of(text: str):
 
 def run(decoder, prompts, max_new_tokens: int):
     """(tokens per request, decode tokens/s, acceptance length): one warm-up call
-    (compile, CUDA-graph recording), then the timed one."""
-    decoder.generate(prompts, max_new_tokens=4)
+    (compile, then CUDA-graph trees' warm-up and recording, which take the first two
+    iterations: 40 tokens give every configuration several), then the timed one."""
+    decoder.generate(prompts, max_new_tokens=40)
     result = decoder.generate(prompts, max_new_tokens=max_new_tokens)
     stats = result.stats
     length = float(stats.mean_acceptance_length) if decoder.proposer is not None else 1.0
