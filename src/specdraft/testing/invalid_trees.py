@@ -2,7 +2,8 @@
 (specdraft.testing.invalid): ops.tree_verify, a valid random tree per request with one
 value contract broken (the rules checked mode enforces, `check_tree_verify_values`);
 ops.tree_commit_kv, moves with one slot outside the cache. (tree_select,
-tree_ancestors and tree_expand define every value they can be given.)"""
+tree_ancestors, tree_expand and tree_positions define every value they can be
+given.)"""
 
 from hypothesis import strategies as st
 

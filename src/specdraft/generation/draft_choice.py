@@ -1,0 +1,60 @@
+"""Which drafts to run at a batch size: a tree, a chain, or none, from a measured
+table (never a silent slowdown).
+
+A tree's extra draft work and verify tokens buy more accepted tokens per pass, which
+pays where the target's pass dominates and stops paying as the batch grows (the
+verify pass turns compute-bound, the draft's batch B * topk grows). So the choice
+is made per batch size from measurements of the pair being served:
+`benchmarks/bench_tree_batch.py` writes decode tokens/s of plain decoding, chains
+and trees at each B, and `choose_by_batch` keeps, at each measured B, the fastest
+lossless configuration if it beats plain decoding by `margin`, else none.
+`default_drafts(num_requests, table)` then reads the table at the smallest measured
+B that is at least num_requests (the largest beyond it).
+
+DEMO_PAIR_DRAFTS is that table for the shipped demo pair, measured on an H200
+(benchmarks/README.md, "Draft trees by batch size"; a test keeps it equal to
+choose_by_batch of the committed measurements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from specdraft.checks import check_int_range
+from specdraft.proposers.tree_build import TreeShape
+
+DraftsTable = tuple[tuple[int, TreeShape | None], ...]  # (batch size, drafts), batch sizes ascending
+
+
+def shape_of(row: Mapping) -> TreeShape:
+    """The TreeShape of a bench_tree_batch row (a chain of depth D: topk 1, N = D + 1)."""
+    return TreeShape(int(row["depth"]), int(row["topk"]), int(row["N"]))
+
+
+def choose_by_batch(rows: Iterable[Mapping], margin: float = 1.05) -> DraftsTable:
+    """At each batch size B of bench_tree_batch rows (keys B, depth, topk, N,
+    decode_tokens_per_s, plain_tokens_per_s, lossless): the fastest lossless
+    configuration, or None (plain decoding) where none is `margin` times faster
+    than plain decoding."""
+    best: dict[int, tuple[float, TreeShape | None]] = {}
+    for row in rows:
+        if not row["lossless"]:
+            continue
+        batch, speedup = int(row["B"]), row["decode_tokens_per_s"] / row["plain_tokens_per_s"]
+        if speedup >= margin and speedup > best.get(batch, (0.0, None))[0]:
+            best[batch] = (speedup, shape_of(row))
+        best.setdefault(batch, (0.0, None))
+    return tuple((batch, best[batch][1]) for batch in sorted(best))
+
+
+def default_drafts(num_requests: int, table: DraftsTable) -> TreeShape | None:
+    """The drafts `table` chose at the smallest batch size >= num_requests (the
+    largest row beyond the table): a TreeShape (topk 1 and N = depth + 1: the
+    chain), or None for plain decoding."""
+    check_int_range("num_requests", num_requests, 1, 2**31 - 1)
+    if not table:
+        raise ValueError("table: no measured batch sizes")
+    for batch, drafts in table:
+        if batch >= num_requests:
+            return drafts
+    return table[-1][1]
