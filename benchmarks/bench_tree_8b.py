@@ -187,31 +187,16 @@ def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
     return text, times
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, aot_eager: a check of the script")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--budget-s", type=float, default=480.0)
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="D,K,N", help="K = 1, N = D + 1: a chain")
-    parser.add_argument("--acceptance", nargs="+", default=DEFAULT_ACCEPTANCE, help="bench_tree.py JSON files")
-    parser.add_argument("--verify-sizes", type=int, nargs="+", default=[1, 4, 6, 8, 16, 32, 64])
-    parser.add_argument("--json", help="write the tables' numbers as JSON")
-    args = parser.parse_args(argv)
-    dev, budget = Device(args.smoke), Budget(args.budget_s)
-    acceptance = load_acceptance(args.acceptance)
-    layers = 2 if args.smoke else args.layers
-    target, head = build_8b(dev, layers, 256 if args.smoke else 32000)
-    name = "CPU" if args.smoke else torch.cuda.get_device_name()
-    print(f"{name}, torch {torch.__version__}; {layers} target layers, B = 1\n")
-    verify_text, verify_us = verify_section(dev, target, args.verify_sizes)
-    print(verify_text + "\n")
+def iteration_section(dev: Device, budget: Budget, target, head, configs, acceptance) -> dict:
+    """Plain decoding's iteration, then each configuration's iteration against its
+    floor, printed as a table; returns the numbers."""
     prompt = torch.randint(0, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0))
-    rows, out = [], {"device": name, "layers": layers, "verify_us": verify_us, "rows": []}
+    rows, out = [], {"rows": []}
     with torch.no_grad():
         torch._dynamo.reset()
         plain_us, _, _ = time_iteration(dev, build_decoder(target, head, 0, None, dev), prompt.tolist())
         log(f"plain: {plain_us:.0f} µs per token ({budget.spent():.0f} s)")
-        for text in args.configs:
+        for text in configs:
             depth, tree = shape_of(text)
             topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
             label = ["chain" if tree is None else "tree", depth, topk, n]
@@ -246,6 +231,44 @@ def main(argv=None) -> int:
                "draft first pass µs", "draft step µs", "acceptance length (demo pair)", "projected speedup"]  # fmt: skip
     print(f"Plain decoding: {plain_us:.1f} µs per token (its compiled iteration)\n")
     print(table(headers, rows))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, aot_eager: a check of the script")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        default=CONFIGS,
+        metavar="D,K,N",
+        help="K = 1, N = D + 1: a chain (none: skip the iteration table and plain decoding)",
+    )
+    parser.add_argument("--acceptance", nargs="+", default=DEFAULT_ACCEPTANCE, help="bench_tree.py JSON files")
+    parser.add_argument(
+        "--verify-sizes",
+        type=int,
+        nargs="*",
+        default=[1, 4, 6, 8, 16, 32, 64],
+        help="N of the verify table (none: skip it; each N compiles the 32-layer target)",
+    )
+    parser.add_argument("--json", help="write the tables' numbers as JSON")
+    args = parser.parse_args(argv)
+    dev, budget = Device(args.smoke), Budget(args.budget_s)
+    acceptance = load_acceptance(args.acceptance)
+    layers = 2 if args.smoke else args.layers
+    target, head = build_8b(dev, layers, 256 if args.smoke else 32000)
+    name = "CPU" if args.smoke else torch.cuda.get_device_name()
+    print(f"{name}, torch {torch.__version__}; {layers} target layers, B = 1\n")
+    verify_us = {}
+    if args.verify_sizes:
+        verify_text, verify_us = verify_section(dev, target, args.verify_sizes)
+        print(verify_text + "\n")
+    out = {"device": name, "layers": layers, "verify_us": verify_us, "rows": []}
+    if args.configs:
+        out.update(iteration_section(dev, budget, target, head, args.configs, acceptance))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"\ntotal {budget.spent():.0f} s")

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_issue26.sh tests    # the tree tests on CUDA (tree ops' kernels included), then
 #                                        # the 10**6-trial lossless cases (slow lane)
 #   bash scripts/gpu_issue26.sh t07      # benchmarks/bench_tree.py --temperature 0.7: every row sampled
-#   bash scripts/gpu_issue26.sh 8b       # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
+#   bash scripts/gpu_issue26.sh 8b [verify | D,K,N ...]  # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
 #   bash scripts/gpu_issue26.sh batch [B ...]  # benchmarks/bench_tree_batch.py: tree vs chain, B = 1 .. 64
 #   bash scripts/gpu_issue26.sh demo     # benchmarks/bench_tree.py: every row greedy (the first calls' stage)
 DEFAULT_OUT=/tmp/gpu_issue26
@@ -28,9 +28,18 @@ t07)
     echo "bench_tree T = 0.7: exit $?"; grep "^|" "$OUT/bench_tree_t07.log"; head -3 "$OUT/bench_tree_t07.log"
     ;;
 8b)
-    timeout 580 python3 benchmarks/bench_tree_8b.py --budget-s 430 --json "$OUT/bench_tree_8b.json" \
-        > "$OUT/bench_tree_8b.log" 2>&1
-    echo "bench_tree_8b: exit $?"; grep -v "^verify\|^plain:\|^[0-9],[0-9]" "$OUT/bench_tree_8b.log" | tail -40
+    # A 32-layer compile takes about a minute: the verify table (7 compiles) and the
+    # configurations need separate calls. `8b verify` for the table, `8b` (or
+    # `8b D,K,N ...`) for iterations against their floors.
+    shift
+    if [ "${1:-}" = verify ]; then
+        args="--configs --budget-s 0"; name=bench_tree_8b_verify
+    else
+        configs=${*:-5,1,6 7,4,32 5,4,32 3,1,4}
+        args="--verify-sizes --configs $configs --budget-s 380"; name=bench_tree_8b_${configs//[ ,]/_}
+    fi
+    timeout 580 python3 benchmarks/bench_tree_8b.py $args --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    echo "bench_tree_8b: exit $?"; grep -v "^verify\|^plain:\|^[0-9],[0-9]" "$OUT/$name.log" | tail -40
     ;;
 batch)
     shift
