@@ -63,7 +63,8 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser.add_argument("--k", type=int, default=3, help="draft tokens per verify pass (default 3)")
     parser.add_argument(
         "--tree", metavar="D,K,N", help="draft an EAGLE-2 tree instead of a chain: depth D, topk K, N verified "
-        "tokens (root included), e.g. 4,4,16",
+        "tokens (root included), e.g. 4,4,16; or auto: tree, chain or none by batch size, from the measured "
+        "table (specdraft.generation.draft_choice)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
@@ -94,9 +95,11 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
 
 
 def parse_tree(parser: argparse.ArgumentParser, text: str):
-    """--tree D,K,N as a TreeShape (its own checks name what is wrong)."""
+    """--tree D,K,N as a TreeShape (its own checks name what is wrong), or "auto"."""
     from specdraft.proposers.tree_build import TreeShape
 
+    if text == "auto":
+        return text
     try:
         depth, topk, num_verify_tokens = (int(x) for x in text.split(","))
     except ValueError:
@@ -206,6 +209,24 @@ def main(argv=None, prog: str = "python -m specdraft.demo") -> int:
     return run_reporting_errors(run_demo, args)
 
 
+def choose_drafts(args: argparse.Namespace, num_requests: int) -> None:
+    """--tree auto: the measured table's drafts at this batch size (a chain sets --k;
+    where the table picks plain decoding, the demo keeps its chain to compare)."""
+    from specdraft.generation.draft_choice import DEMO_PAIR_DRAFTS, default_drafts
+
+    choice = default_drafts(num_requests, DEMO_PAIR_DRAFTS)
+    if choice is None:
+        print(f"--tree auto: at B = {num_requests} the measured table picks plain decoding; showing K = {args.k}")
+        args.tree = None
+    elif choice.topk == 1:
+        print(f"--tree auto: at B = {num_requests} the measured table picks a chain of K = {choice.depth}")
+        args.tree, args.k = None, choice.depth
+    else:
+        print(f"--tree auto: at B = {num_requests} the measured table picks the tree {choice.depth},"
+              f"{choice.topk},{choice.num_verify_tokens}")  # fmt: skip
+        args.tree = choice
+
+
 def run_demo(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     import torch
@@ -218,6 +239,8 @@ def run_demo(args: argparse.Namespace) -> int:
     compile = compile_options(args.device, not args.no_compile)
     texts = PROMPTS[: args.prompts]
     prompts = encode(texts)
+    if args.tree == "auto":
+        choose_drafts(args, len(prompts))
     plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree)
     k = args.k if args.tree is None else args.tree.depth
     how = "eager"

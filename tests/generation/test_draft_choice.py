@@ -2,9 +2,12 @@
 per measured batch size when it beats plain decoding by the margin, else plain
 decoding; a batch size between rows takes the next larger row's choice."""
 
+import json
+import pathlib
+
 import pytest
 
-from specdraft.generation.draft_choice import choose_by_batch, default_drafts
+from specdraft.generation.draft_choice import DEMO_PAIR_DRAFTS, choose_by_batch, default_drafts
 from specdraft.proposers import TreeShape
 
 
@@ -40,3 +43,10 @@ def test_bad_input_names_the_argument():
         default_drafts(0, choose_by_batch(ROWS))
     with pytest.raises(ValueError, match="^table"):
         default_drafts(1, ())
+
+
+def test_the_demo_pairs_table_is_the_committed_measurements_choice():
+    results = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "gpu_tree_batch"
+    rows = [r for path in sorted(results.glob("bench_tree_batch_*.json")) for r in json.loads(path.read_text())["rows"]]
+    assert sorted({r["B"] for r in rows}) == [1, 2, 4, 8, 16, 32, 64]
+    assert DEMO_PAIR_DRAFTS == choose_by_batch(rows)
