@@ -1,0 +1,61 @@
+"""Every op's Triton kernels compile for an sm_90 GPU on this CPU machine: each ops
+test file's opcheck test runs with opcheck replaced by one call of the op and every
+kernel launch recorded instead of made (fixtures/gpu_lowering.py); then each
+recorded (kernel, argument types, constexprs) is compiled down to the cubin. What
+only Triton's compiler checks (types of loop-carried values, constexpr misuse) fails
+here, not at the first CUDA launch. The tree ops' own variants (int32 / int64
+indices, bf16): test_tree_kernels_compile_for_gpu.py."""
+
+import importlib
+import importlib.util
+import pkgutil
+
+import pytest
+import torch
+
+import specdraft.ops
+
+from fixtures.gpu_lowering import compile_for_gpu, recorded_launches, signature_of
+from fixtures.lanes import INTERPRETER
+
+pytestmark = [
+    pytest.mark.skipif(INTERPRETER, reason="the interpreter lane replaces @triton.jit kernels; this is the CPU lane's"),
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package"),
+]
+
+# (test module, opcheck test, its extra arguments)
+OPCHECK_TESTS = [
+    ("ops.test_copy_and_expand_compile", "test_opcheck_every_op", {}),
+    ("ops.test_prepare_inputs_compile", "test_opcheck_every_op", {}),
+    ("ops.test_shift_and_cache_compile", "test_opcheck_every_op", {}),
+    ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": False}),
+    ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": True}),
+    ("ops.test_vocab_metrics", "test_opcheck", {}),
+    ("ops.sampling.test_sampling_compile", "test_opcheck_every_op", {}),
+]
+
+
+def ops_modules() -> list:
+    """Every module of specdraft.ops that launches a kernel through wrap_triton."""
+    names = [m.name for m in pkgutil.walk_packages(specdraft.ops.__path__, "specdraft.ops.")]
+    modules = [importlib.import_module(name) for name in names]
+    return [m for m in modules if hasattr(m, "wrap_triton") and hasattr(m, "use_triton")]
+
+
+@pytest.mark.parametrize(("module", "name", "extra"), OPCHECK_TESTS, ids=lambda v: v if isinstance(v, str) else "")
+def test_every_launched_kernel_compiles(module, name, extra, monkeypatch):
+    def call_once(op, args, kwargs=None, **_):
+        op(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(torch.library, "opcheck", call_once)
+    with recorded_launches(*ops_modules()) as launches:
+        getattr(importlib.import_module(module), name)(device="cpu", **extra)
+    assert launches, "no kernel launched"
+    seen = set()
+    for kernel, args, kwargs in launches:
+        signature, constexprs = signature_of(kernel, args, kwargs)
+        key = (kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items(), key=str)))
+        if key in seen:
+            continue
+        seen.add(key)
+        assert compile_for_gpu(kernel, args, kwargs).asm["cubin"], kernel.fn.__name__
