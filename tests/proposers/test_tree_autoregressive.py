@@ -17,6 +17,7 @@ from specdraft.proposers import AutoregressiveSpeculator, DraftLM, TreeShape
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, draft_config
+from specs.draft_tree import path_of, top_ids
 
 BLOCK_SIZE = 4
 QUERY_LENS = [5, 1, 9, 3]
@@ -57,18 +58,6 @@ def oracle_logprobs(lm, batch, b: int, path: list[int], rejected) -> torch.Tenso
                          max_query_len=n, max_seq_len=blocks * 8)  # fmt: skip
     h, _ = lm(torch.tensor(ids, dtype=torch.int32), positions, meta, lm.allocate_kv_caches(blocks, 8))
     return torch.log_softmax(lm.compute_logits(h[-1:]).float(), dim=-1)[0]
-
-
-def top_ids(logprobs: torch.Tensor, k: int) -> list[int]:
-    return sorted(range(logprobs.shape[0]), key=lambda i: (-float(logprobs[i]), i))[:k]
-
-
-def path_of(pool, b: int, index: int) -> list[int]:
-    path = []
-    while index >= 0:
-        path.append(int(pool.tokens[b, index]))
-        index = int(pool.parents[b, index])
-    return path[::-1]
 
 
 @pytest.mark.parametrize("rejected", [None, REJECTED], ids=["all-kept", "rejected"])

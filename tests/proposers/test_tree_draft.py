@@ -13,6 +13,7 @@ from specdraft.proposers import EagleProposer, TreeShape
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, make_head
+from specs.draft_tree import path_of, top_ids
 from specs.proposer import oracle_path_logprobs
 
 BLOCK_SIZE = 4
@@ -35,19 +36,6 @@ def to_target(head, draft_id: int) -> int:
         if d2t is None or head.config.draft_vocab_size == head.config.vocab_size
         else draft_id + int(d2t[draft_id])
     )
-
-
-def top_ids(logprobs: torch.Tensor, k: int) -> list[int]:
-    """The k likeliest ids, ties to the lower id, by a plain sort."""
-    return sorted(range(logprobs.shape[0]), key=lambda i: (-float(logprobs[i]), i))[:k]
-
-
-def path_of(pool, b: int, index: int) -> list[int]:
-    path = []
-    while index >= 0:
-        path.append(int(pool.tokens[b, index]))
-        index = int(pool.parents[b, index])
-    return path[::-1]
 
 
 @pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])

@@ -37,3 +37,17 @@ def build_tree(root_token, steps, topk, num_verify_tokens):
             ancestors[i][j] = True
             j = parents[j]
     return tokens, parents, depths, scores, ancestors
+
+
+def top_ids(logprobs, k: int) -> list[int]:
+    """The k likeliest ids of a [V] row, ties to the lower id, by a plain sort."""
+    return sorted(range(logprobs.shape[0]), key=lambda i: (-float(logprobs[i]), i))[:k]
+
+
+def path_of(pool, b: int, index: int) -> list[int]:
+    """The tokens from request b's root down to pool node `index` (a TreePool)."""
+    path = []
+    while index >= 0:
+        path.append(int(pool.tokens[b, index]))
+        index = int(pool.parents[b, index])
+    return path[::-1]

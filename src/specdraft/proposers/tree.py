@@ -98,23 +98,33 @@ def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffer
     """One tree step: the frontier's B * topk nodes through the head's step layer,
     their keys into the step's buffer slots, attention over prefix + visible buffer.
     Returns (hidden for sampling, hidden for the next step), [B * topk, H] each."""
-    batch, topk = tokens.shape
     layer, cache = model.step_layer(step), model.kv_layer(step)
     emb = model.embed_input_ids(clamp_ids(tokens.reshape(-1), model.config.vocab_size))
     attn_input, residual = model.step_input(layer, emb, model.step_hidden(hidden).to(emb.dtype), positions)
+    out = attend_frontier(layer, attn_input, positions, tokens.shape, step, buffers, cache, kv_caches[cache], visible,
+                          metadata, seq_lens)  # fmt: skip
+    return model.step_outputs(layer, layer.finish(out, residual))
+
+
+def attend_frontier(layer, attn_input, positions, shape, step: int, buffers, key, kv_cache, visible, metadata,
+                    seq_lens) -> torch.Tensor:  # fmt: skip
+    """One layer's attention for the B * topk frontier nodes of tree step `step`
+    (shape: (B, topk)): their keys and values go to buffers[key]'s step slots (a new
+    pair of tensors: the buffers are graph values, not state), then each node attends
+    to its request's prefix in kv_cache and to the buffer entries `visible` marks.
+    Returns the attention output [B * topk, heads, head_dim], before o_proj."""
+    batch, topk = shape
     q, k, v = layer.self_attn.project(positions, attn_input)
-    keys, values = buffers[cache]
     lanes = slice((step - 1) * topk, step * topk)
-    keys, values = keys.clone(), values.clone()  # out of place: the buffers are graph values, not state
+    keys, values = (t.clone() for t in buffers[key])
     keys[:, lanes] = k.view(batch, topk, *k.shape[1:])
     values[:, lanes] = v.view(batch, topk, *v.shape[1:])
-    buffers[cache] = keys, values
+    buffers[key] = keys, values
     out = prefix_and_tree_attention(
-        q.view(batch, topk, *q.shape[1:]), kv_caches[cache], seq_lens, metadata.block_table, metadata.max_seq_len,
+        q.view(batch, topk, *q.shape[1:]), kv_cache, seq_lens, metadata.block_table, metadata.max_seq_len,
         keys, values, visible,
     )  # fmt: skip
-    h = layer.finish(out.reshape(batch * topk, *out.shape[2:]), residual)
-    return model.step_outputs(layer, h)
+    return out.reshape(batch * topk, *out.shape[2:])
 
 
 def empty_buffers(model, kv_caches, batch: int, tree: TreeShape) -> dict:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from specdraft.config import SpeculativeConfig
-from specdraft.models.attention import prefix_and_tree_attention
 from specdraft.proposers.loop import clamp_ids
-from specdraft.proposers.tree import TreeDraftOutput, TreeRoot, grow_tree
+from specdraft.proposers.tree import TreeDraftOutput, TreeRoot, attend_frontier, grow_tree
 from specdraft.proposers.tree_build import TreeShape
 
 
@@ -49,22 +48,13 @@ def feed_lm_frontier(model, kv_caches, tokens, positions, step: int, buffers: li
     layer, each layer's keys into its buffer's step slots, attention over prefix +
     visible buffer entries. Returns the final norm's output [B * topk, H] twice (for
     the logits, and as the unread hidden state grow_tree hands on)."""
-    batch, topk = tokens.shape
     lm = model.model
-    lanes = slice((step - 1) * topk, step * topk)
     h = lm.embed_tokens(clamp_ids(tokens.reshape(-1), lm.config.vocab_size))
     for i, layer in enumerate(lm.layers):
         attn_input, residual = layer.attention_input(h)
-        q, k, v = layer.self_attn.project(positions, attn_input)
-        keys, values = (t.clone() for t in buffers[i])  # out of place: the buffers are graph values, not state
-        keys[:, lanes] = k.view(batch, topk, *k.shape[1:])
-        values[:, lanes] = v.view(batch, topk, *v.shape[1:])
-        buffers[i] = keys, values
-        out = prefix_and_tree_attention(
-            q.view(batch, topk, *q.shape[1:]), kv_caches[i], seq_lens, metadata.block_table, metadata.max_seq_len,
-            keys, values, visible,
-        )  # fmt: skip
-        h = layer.finish(out.reshape(batch * topk, *out.shape[2:]), residual)
+        out = attend_frontier(layer, attn_input, positions, tokens.shape, step, buffers, i, kv_caches[i], visible,
+                              metadata, seq_lens)  # fmt: skip
+        h = layer.finish(out, residual)
     h = lm.norm(h)
     return h, h
 
