@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import specdraft.ops
+from specdraft.ops import draft_sample, rejection_sample
 
 from fixtures.gpu_lowering import compile_for_gpu, recorded_launches, signature_of
 from fixtures.lanes import INTERPRETER
@@ -50,6 +51,26 @@ def test_every_launched_kernel_compiles(module, name, extra, monkeypatch):
     monkeypatch.setattr(torch.library, "opcheck", call_once)
     with recorded_launches(*ops_modules()) as launches:
         getattr(importlib.import_module(module), name)(device="cpu", **extra)
+    assert_every_kernel_compiles(launches)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sampling_kernels_compile_for_half_precision_logits(dtype):
+    """The opcheck tests feed fp32 logits; serving feeds bf16 / fp16 ones."""
+    sampling = importlib.import_module("ops.sampling.test_sampling_compile")
+    t, steps, probs = sampling.inputs(sampling.batch_of(6), "cpu")
+    logits, target = t["logits"].to(dtype), t["target_logits"].to(dtype)
+    req = (t["temperature"], t["seeds"], t["positions"])
+    with recorded_launches(*ops_modules()) as launches:
+        draft_sample(logits, *req)
+        draft_sample(logits, *req, probs_out=probs, step=steps[1])
+        for draft_probs in (t["draft_probs"], None):
+            rejection_sample(t["draft_tokens"], t["num_draft_tokens"], draft_probs, target, *req)
+    assert_every_kernel_compiles(launches)
+
+
+def assert_every_kernel_compiles(launches) -> None:
+    """Each distinct recorded (kernel, argument types, constexprs) compiles for sm_90."""
     assert launches, "no kernel launched"
     seen = set()
     for kernel, args, kwargs in launches:
