@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from specdraft.layout import TreeBatchMetadata
 from specdraft.ops import tree_ancestors, tree_commit_kv, tree_positions, tree_verify
 from specdraft.proposers import AutoregressiveSpeculator
-from specdraft.proposers.tree_build import TreeShape
+from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 from . import checks
 from .decoder import SpeculativeDecoder
@@ -150,8 +150,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
-        if not isinstance(tree, TreeShape):
-            raise ValueError(f"tree must be a TreeShape(depth, topk, num_verify_tokens), got {type(tree).__name__}")
+        check_tree_shape("tree", tree)
         if proposer is None or not hasattr(proposer, "propose_tree"):
             raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head) or an "
                              "AutoregressiveSpeculator")  # fmt: skip

@@ -15,9 +15,9 @@ verifier (ops/sampling/tree_verify.py).
 - `tree_commit_kv`: after verification, the accepted path's KV moved into the
   contiguous slots a chain would have written, in one cache, in place.
 
-One program per request (per M-RoPE row and request for the positions) for the first four (N <= 64 and a pool of at most a few
-hundred nodes fit one program's registers), one per (request, feature block) for
-the commit. Each op's reference is the same computation in torch.
+One program per request for the first four (per M-RoPE row and request for the
+positions; N <= 64 and a pool of at most a few hundred nodes fit one program's
+registers), one per (request, feature block) for the commit. Each op's reference is the same computation in torch.
 """
 
 from typing import NamedTuple

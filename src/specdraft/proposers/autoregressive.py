@@ -57,7 +57,7 @@ from specdraft.proposers.loop import (
     static_min,
 )
 from specdraft.proposers.tree import TreeDraftOutput
-from specdraft.proposers.tree_build import TreeShape
+from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 from specdraft.proposers.tree_lm import check_tree_lm, draft_lm_tree
 
 
@@ -287,13 +287,12 @@ class AutoregressiveSpeculator(Proposer):
         shape.depth - 1 steps that feed every request's topk frontier nodes through
         the whole LM with exact tree attention. Returns what EagleProposer.propose_tree
         returns (the drafts are the LM's top-k: deterministic, at any temperature)."""
-        if not isinstance(shape, TreeShape):
-            raise ValueError(f"shape must be a TreeShape(depth, topk, num_verify_tokens), got {type(shape).__name__}")
+        check_tree_shape("shape", shape)
         check_tree_lm(self.model)
-        window_args = dict(target_token_ids=target_token_ids, target_positions=target_positions,
-                           target_hidden_states=target_hidden_states, next_token_ids=next_token_ids,
-                           metadata=metadata, num_rejected_tokens=num_rejected_tokens)  # fmt: skip
-        return draft_lm_tree(self, window_args, shape, return_logprobs=return_logprobs)
+        h_root, root_state = self.window_pass(target_token_ids, target_positions, target_hidden_states,
+                                              next_token_ids, metadata, num_rejected_tokens=num_rejected_tokens)  # fmt: skip
+        return draft_lm_tree(self.model, self.kv_caches, self.config, h_root, root_state, next_token_ids, shape,
+                             return_logprobs=return_logprobs)  # fmt: skip
 
     def decode(self, state: PrefillState) -> DraftOutput:
         """The K - 1 single-token steps after prefill. Compile / capture this alone:

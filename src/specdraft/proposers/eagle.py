@@ -32,7 +32,7 @@ from specdraft.proposers.loop import (
     step_counter,
 )
 from specdraft.proposers.tree import TreeDraftOutput, draft_tree
-from specdraft.proposers.tree_build import TreeShape
+from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 
 def sequence_index(target_positions, query_start_loc, seq_lens) -> torch.Tensor:
@@ -125,8 +125,7 @@ class EagleProposer(Proposer):
         if self.config.method == "mtp" or self.model.draft_loop != "eagle":
             raise ValueError(f"draft trees need an EAGLE-1 or EAGLE-3 head; method {self.config.method!r} drafts "
                              "chains only (propose)")  # fmt: skip
-        if not isinstance(shape, TreeShape):
-            raise ValueError(f"shape must be a TreeShape(depth, topk, num_verify_tokens), got {type(shape).__name__}")
+        check_tree_shape("shape", shape)
         window = self.checked_window(
             TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
                          token_indices_to_sample, num_rejected_tokens),

@@ -128,11 +128,17 @@ def attend_frontier(layer, attn_input, positions, shape, step: int, buffers, key
 
 
 def empty_buffers(model, kv_caches, batch: int, tree: TreeShape) -> dict:
-    """Zeroed key / value buffers [B, (depth - 1) * topk, kv_heads, head_dim] for each
-    KV layer that tree steps 1 .. depth - 1 use."""
-    size = (batch, (tree.depth - 1) * tree.topk, model.config.num_kv_heads, model.config.head_dim)
+    """Zeroed key / value buffers for each KV layer that tree steps 1 .. depth - 1 use
+    (tree_buffers)."""
     caches = {model.kv_layer(step) for step in range(1, tree.depth)}
-    return {i: (kv_caches[i].new_zeros(size), kv_caches[i].new_zeros(size)) for i in caches}
+    return tree_buffers(kv_caches, caches, batch, tree, model.config)
+
+
+def tree_buffers(kv_caches, layers, batch: int, tree: TreeShape, config) -> dict:
+    """{layer: zeroed (keys, values)} [B, (depth - 1) * topk, kv_heads, head_dim], in
+    each layer's cache dtype and device: step s, lane f at (s - 1) * topk + f."""
+    size = (batch, (tree.depth - 1) * tree.topk, config.num_kv_heads, config.head_dim)
+    return {i: (kv_caches[i].new_zeros(size), kv_caches[i].new_zeros(size)) for i in layers}
 
 
 def draft_tree(

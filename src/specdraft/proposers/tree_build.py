@@ -75,6 +75,12 @@ class TreeShape:
         return self.topk + (self.depth - 1) * self.topk**2
 
 
+def check_tree_shape(name: str, value) -> None:
+    """A ValueError naming `name` unless value is a TreeShape."""
+    if not isinstance(value, TreeShape):
+        raise ValueError(f"{name} must be a TreeShape(depth, topk, num_verify_tokens), got {type(value).__name__}")
+
+
 class TreePool(NamedTuple):
     """Every node drafted so far, per request: tokens, cumulative log-probabilities,
     parents (pool index; -1 for the root), depths (1 for the root's children). [B, P]

@@ -16,11 +16,9 @@ not read: an LM takes token ids only.
 
 from __future__ import annotations
 
-import torch
-
 from specdraft.config import SpeculativeConfig
 from specdraft.proposers.loop import clamp_ids
-from specdraft.proposers.tree import TreeDraftOutput, TreeRoot, attend_frontier, grow_tree
+from specdraft.proposers.tree import TreeDraftOutput, TreeRoot, attend_frontier, grow_tree, tree_buffers
 from specdraft.proposers.tree_build import TreeShape
 
 
@@ -36,14 +34,7 @@ def check_tree_lm(model) -> None:
         )
 
 
-def lm_buffers(model, kv_caches, batch: int, shape: TreeShape) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Zeroed key / value buffers [B, (depth - 1) * topk, kv_heads, head_dim] per LM layer."""
-    lm = model.model
-    size = (batch, (shape.depth - 1) * shape.topk, lm.config.num_kv_heads, lm.config.head_dim)
-    return [(kv_caches[i].new_zeros(size), kv_caches[i].new_zeros(size)) for i in range(len(lm.layers))]
-
-
-def feed_lm_frontier(model, kv_caches, tokens, positions, step: int, buffers: list, visible, metadata, seq_lens):
+def feed_lm_frontier(model, kv_caches, tokens, positions, step: int, buffers: dict, visible, metadata, seq_lens):
     """One tree step of a standalone LM: the frontier's B * topk nodes through every
     layer, each layer's keys into its buffer's step slots, attention over prefix +
     visible buffer entries. Returns the final norm's output [B * topk, H] twice (for
@@ -59,19 +50,18 @@ def feed_lm_frontier(model, kv_caches, tokens, positions, step: int, buffers: li
     return h, h
 
 
-def draft_lm_tree(speculator, window_args: dict, shape: TreeShape, *, return_logprobs: bool = False):
-    """The EAGLE-2 tree of every request, drafted by the speculator's LM (module
-    docstring). window_args: AutoregressiveSpeculator.window_pass's arguments."""
-    model, kv_caches = speculator.model, speculator.kv_caches
-    config: SpeculativeConfig = speculator.config
-    h_root, state = speculator.window_pass(**window_args)
-    step_batch = state.batch  # the root's: its seq_len counts the root, its block table is the request's
-    buffers = lm_buffers(model, kv_caches, h_root.shape[0], shape)
+def draft_lm_tree(model, kv_caches, config: SpeculativeConfig, h_root, root_state, next_token_ids, shape: TreeShape,
+                  *, return_logprobs: bool = False) -> TreeDraftOutput:  # fmt: skip
+    """The EAGLE-2 tree of every request, drafted by a standalone LM (module
+    docstring) from its window pass: h_root [B, H] the output at the roots, root_state
+    the step state of the root (its clamped position; its batch: seq_lens counting the
+    root, the requests' block table)."""
+    step_batch = root_state.batch
+    buffers = tree_buffers(kv_caches, range(len(model.model.layers)), h_root.shape[0], shape, model.model.config)
 
     def feed(tokens, hidden, node_pos, step, visible):
         return feed_lm_frontier(model, kv_caches, tokens, node_pos, step, buffers, visible, step_batch,
                                 step_batch.seq_lens)  # fmt: skip
 
-    root = TreeRoot(model.draft_logits(h_root, 0), h_root, state.clamped_positions)
-    out: TreeDraftOutput = grow_tree(model, config, shape, root, feed, window_args["next_token_ids"], return_logprobs)
-    return out
+    root = TreeRoot(model.draft_logits(h_root, 0), h_root, root_state.clamped_positions)
+    return grow_tree(model, config, shape, root, feed, next_token_ids, return_logprobs)
