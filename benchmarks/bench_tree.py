@@ -34,9 +34,15 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def drafts_of(text: str) -> tuple[int, TreeShape | None]:
+    """ "D,K,N" as (depth, TreeShape), or (depth, None) for the chain (K = 1, N = D + 1)."""
+    depth, topk, n = (int(x) for x in text.split(","))
+    return depth, (None if topk == 1 and n == depth + 1 else TreeShape(depth, topk, n))
+
+
 def configurations(smoke: bool, only=None):
     if only:
-        return [("chain", d, None) if k == 1 and n == d + 1 else ("tree", d, TreeShape(d, k, n)) for d, k, n in only]
+        return [("chain" if tree is None else "tree", depth, tree) for depth, tree in map(drafts_of, only)]
     if smoke:
         return [("chain", 3, None), ("tree", 3, TreeShape(3, 2, 6))]
     rows = [("chain", d, None) for d in (3, 5, 7)]
@@ -104,8 +110,7 @@ def main() -> int:
           "compile s | lossless |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    only = [tuple(int(x) for x in row.split(",")) for row in args.only or []]
-    for label, depth, tree in configurations(args.smoke, only):
+    for label, depth, tree in configurations(args.smoke, args.only):
         topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
         if time.perf_counter() - start > args.budget_s:
             print(f"| {label} | {depth} | {topk} | {n} | skipped (budget) | | | | | |")

@@ -33,13 +33,12 @@ import time
 
 import torch
 from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, log, table
+from bench_tree import drafts_of
 
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
-from specdraft.generation.verify import slots_of, window_batch
-from specdraft.layout import TreeBatchMetadata
-from specdraft.ops import tree_ancestors
-from specdraft.proposers import EagleProposer, TreeShape
+from specdraft.generation.verify import tree_batch, window_batch
+from specdraft.proposers import EagleProposer
 from specdraft.proposers.loop import sample_rows
 from specdraft.proposers.tree import empty_buffers, feed_frontier
 
@@ -48,11 +47,6 @@ DEFAULT_ACCEPTANCE = [RESULTS / "bench_tree.json", RESULTS / "bench_tree_rest.js
 MAX_MODEL_LEN = 1024
 PROMPT_LEN = 128
 CONFIGS = ["5,1,6", "7,4,32", "5,4,32", "3,1,4", "7,1,8", "5,4,16", "7,4,16", "3,4,16"]
-
-
-def shape_of(text: str):
-    depth, topk, n = (int(x) for x in text.split(","))
-    return depth, (None if topk == 1 and n == depth + 1 else TreeShape(depth, topk, n))
 
 
 def load_acceptance(paths) -> dict:
@@ -79,21 +73,10 @@ def tree_target_fn(decoder, lens, parents, depths, block_table):
     """The target's forward with logits over one tree per request (the verify pass
     of TreeSpeculativeDecoder.verify, without the walk and the commit)."""
     num_reqs, n = parents.shape
-    device = lens.device
-    tokens = torch.randint(0, decoder.target.config.vocab_size, (num_reqs * n,), device=device, dtype=torch.int32)
-    rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
-    seq_index = lens[:, None] + torch.arange(n, device=device)
-    metadata = TreeBatchMetadata(
-        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
-        seq_lens=(lens + n).to(torch.int32),
-        block_table=block_table,
-        slot_mapping=slots_of(seq_index, rows, block_table, decoder.block_size).reshape(-1),
-        max_query_len=n,
-        max_seq_len=decoder.reach,
-        prefix_lens=lens,
-        ancestors=tree_ancestors(parents),
-    )
-    positions = (lens[:, None] + depths).reshape(-1)
+    tokens = torch.randint(0, decoder.target.config.vocab_size, (num_reqs * n,), device=lens.device, dtype=torch.int32)
+    positions, metadata = tree_batch(lens, parents, depths, block_table, decoder.block_size, decoder.reach,
+                                     decoder.max_model_len)  # fmt: skip
+    positions = positions.reshape(-1)
 
     def target_forward():
         hidden, aux = decoder.run_target(tokens, positions, metadata)
@@ -197,7 +180,7 @@ def iteration_section(dev: Device, budget: Budget, target, head, configs, accept
         plain_us, _, _ = time_iteration(dev, build_decoder(target, head, 0, None, dev), prompt.tolist())
         log(f"plain: {plain_us:.0f} µs per token ({budget.spent():.0f} s)")
         for text in configs:
-            depth, tree = shape_of(text)
+            depth, tree = drafts_of(text)
             topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
             label = ["chain" if tree is None else "tree", depth, topk, n]
             if budget.over():

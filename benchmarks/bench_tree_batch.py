@@ -19,21 +19,12 @@ import sys
 import time
 
 import torch
+from bench_tree import drafts_of, log
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
-from specdraft.proposers import TreeShape
 
 CONFIGS = ["3,1,4", "5,1,6", "3,4,8", "5,4,16"]
 BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def shape_of(text: str):
-    depth, topk, n = (int(x) for x in text.split(","))
-    return depth, (None if topk == 1 and n == depth + 1 else TreeShape(depth, topk, n))
 
 
 def run(decoder, prompts, max_new_tokens: int):
@@ -59,7 +50,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     compile = False if args.smoke else compile_options(args.device, True)
-    batch_sizes, configs = ([1, 2], args.configs[:2]) if args.smoke else (args.batch_sizes, args.configs)
+    batch_sizes, configs = ([1, 2], ["3,1,4", "3,4,8"]) if args.smoke else (args.batch_sizes, args.configs)
     max_new = 8 if args.smoke else args.max_new_tokens
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request\n")
@@ -76,7 +67,7 @@ def main(argv=None) -> int:
         want, plain_rate, _ = run(plain, prompts, max_new)
         print(f"| {batch} | plain | | | | 1 | {plain_rate:,.0f} | 1.00x | |", flush=True)
         for text in configs:
-            depth, tree = shape_of(text)
+            depth, tree = drafts_of(text)
             topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
             label = "chain" if tree is None else "tree"
             torch._dynamo.reset()

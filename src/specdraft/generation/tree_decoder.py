@@ -34,15 +34,14 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from specdraft.layout import TreeBatchMetadata
-from specdraft.ops import tree_ancestors, tree_commit_kv, tree_positions, tree_verify
+from specdraft.ops import tree_commit_kv, tree_verify
 from specdraft.proposers import AutoregressiveSpeculator
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 from . import checks
 from .decoder import SpeculativeDecoder
 from .state import DecodeState, Requests, commit
-from .verify import slots_of, window_batch
+from .verify import slots_of, tree_batch, window_batch
 
 
 @dataclass
@@ -204,20 +203,9 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         n, depth = self.tree.num_verify_tokens, self.tree.depth
         num_reqs, device = state.lens.shape[0], state.lens.device
         tokens = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)  # [B, N]
-        ancestors = tree_ancestors(state.tree_parents)
-        rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
-        seq_index = state.lens[:, None] + torch.arange(n, device=device)
-        positions = tree_positions(state.lens, state.tree_depths.contiguous(), self.max_model_len)
-        metadata = TreeBatchMetadata(
-            query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
-            seq_lens=(state.lens + n).to(torch.int32),
-            block_table=requests.block_table,
-            slot_mapping=slots_of(seq_index, rows, requests.block_table, self.block_size).reshape(-1),
-            max_query_len=n,
-            max_seq_len=self.reach,
-            prefix_lens=state.lens,
-            ancestors=ancestors,
-        )
+        positions, metadata = tree_batch(state.lens, state.tree_parents, state.tree_depths, requests.block_table,
+                                         self.block_size, self.reach, self.max_model_len)  # fmt: skip
+        ancestors = metadata.ancestors
         hidden, draft_hidden = self.run_target(tokens.reshape(-1).to(torch.int32), positions.reshape(-1), metadata)
         logits = self.target.compute_logits(hidden).view(num_reqs, n, -1)
         if requests.all_greedy:  # as chains do: no noise or softmax in an all-greedy graph

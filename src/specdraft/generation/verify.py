@@ -11,8 +11,8 @@ speculative path uses for a bonus token.
 
 import torch
 
-from specdraft.layout import BatchMetadata
-from specdraft.ops import rejection_sample
+from specdraft.layout import BatchMetadata, TreeBatchMetadata
+from specdraft.ops import rejection_sample, tree_ancestors, tree_positions
 
 from .state import Requests
 
@@ -43,6 +43,29 @@ def window_batch(lens: torch.Tensor, width: int, block_table: torch.Tensor, bloc
         max_seq_len=max_seq_len,
     )
     return positions.reshape(-1), metadata
+
+
+def tree_batch(lens, parents, depths, block_table: torch.Tensor, block_size: int, max_seq_len: int,
+               max_model_len: int):  # fmt: skip
+    """A verify pass over one tree of N nodes per request (parents, depths [B, N]):
+    node i at sequence index lens[b] + i (its KV slot), at rotary position lens[b] +
+    its depth (ops.tree_positions), seeing the prefix and its ancestors
+    (ops.tree_ancestors). Returns (positions [B, N] int64, TreeBatchMetadata)."""
+    num_reqs, n = parents.shape
+    device = lens.device
+    rows = torch.arange(num_reqs, device=device)[:, None].expand(-1, n)
+    seq_index = lens[:, None] + torch.arange(n, device=device)
+    metadata = TreeBatchMetadata(
+        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device) * n,
+        seq_lens=(lens + n).to(torch.int32),
+        block_table=block_table,
+        slot_mapping=slots_of(seq_index, rows, block_table, block_size).reshape(-1),
+        max_query_len=n,
+        max_seq_len=max_seq_len,
+        prefix_lens=lens,
+        ancestors=tree_ancestors(parents),
+    )
+    return tree_positions(lens, depths.contiguous(), max_model_len), metadata
 
 
 def prompt_batch(prompts: list[torch.Tensor], block_table: torch.Tensor, block_size: int, max_seq_len: int):
