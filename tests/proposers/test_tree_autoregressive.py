@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from specdraft.config import SpeculativeConfig
-from specdraft.layout import BatchMetadata
 from specdraft.models import TinyTargetModel
 from specdraft.proposers import AutoregressiveSpeculator, DraftLM, TreeShape
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, draft_config
 from specs.draft_tree import path_of, top_ids
+from specs.proposer import run_sequence
 
 BLOCK_SIZE = 4
 QUERY_LENS = [5, 1, 9, 3]
@@ -50,13 +50,7 @@ def oracle_logprobs(lm, batch, b: int, path: list[int], rejected) -> torch.Tenso
     positions = batch.target_positions[..., start:stop]
     steps = torch.arange(1, len(path) + 2)
     positions = torch.cat([positions, positions[..., -1:] + (steps if positions.dim() == 1 else steps[None])], dim=-1)
-    n = len(ids)
-    blocks = -(-n // 8)
-    meta = BatchMetadata(query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-                         seq_lens=torch.tensor([n], dtype=torch.int32),
-                         block_table=torch.arange(blocks, dtype=torch.int32)[None], slot_mapping=torch.arange(n),
-                         max_query_len=n, max_seq_len=blocks * 8)  # fmt: skip
-    h, _ = lm(torch.tensor(ids, dtype=torch.int32), positions, meta, lm.allocate_kv_caches(blocks, 8))
+    h, _ = run_sequence(DraftLM(lm), torch.tensor(ids, dtype=torch.int32), positions, None, spec_step_idx=0)
     return torch.log_softmax(lm.compute_logits(h[-1:]).float(), dim=-1)[0]
 
 
