@@ -27,15 +27,21 @@ CONFIGS = ["3,1,4", "5,1,6", "3,4,8", "5,4,16"]
 BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
 
 
-def run(decoder, prompts, max_new_tokens: int):
-    """(tokens per request, decode tokens/s, acceptance length): one warm-up call
-    (compile, then CUDA-graph trees' warm-up and recording, which take the first two
-    iterations: 40 tokens give every configuration several), then the timed one."""
-    decoder.generate(prompts, max_new_tokens=40)
-    result = decoder.generate(prompts, max_new_tokens=max_new_tokens)
-    stats = result.stats
+def run(decoder, prompts, max_new_tokens: int, repeats: int):
+    """(tokens per request, decode tokens/s, acceptance length, ms per iteration, spread):
+    one warm-up call of the timed length (compile, then CUDA-graph trees' warm-up and
+    recording in its first two iterations), then `repeats` timed calls; the median
+    call's rate and iteration time, and (max - min) / median of the rates. One timed
+    call of ~100 iterations is 40-200 ms of GPU time: a single hiccup moves it."""
+    decoder.generate(prompts, max_new_tokens=max_new_tokens)
+    results = [decoder.generate(prompts, max_new_tokens=max_new_tokens) for _ in range(repeats)]
+    rates = [float(r.stats.decode_tokens_per_s) for r in results]
+    median = sorted(range(repeats), key=rates.__getitem__)[repeats // 2]
+    stats = results[median].stats
+    ms_per_iteration = 1e3 * float(stats.decode_time_s) / max(int(stats.num_verify_passes), 1)
     length = float(stats.mean_acceptance_length) if decoder.proposer is not None else 1.0
-    return [t.tolist() for t in result.tokens], float(stats.decode_tokens_per_s), length
+    spread = (max(rates) - min(rates)) / rates[median]
+    return [t.tolist() for t in results[median].tokens], rates[median], length, ms_per_iteration, spread
 
 
 def main(argv=None) -> int:
@@ -44,6 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
     parser.add_argument("--configs", nargs="+", default=CONFIGS, metavar="D,K,N", help="K = 1, N = D + 1: a chain")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", help="write the rows as JSON (after every row)")
@@ -52,20 +59,27 @@ def main(argv=None) -> int:
     compile = False if args.smoke else compile_options(args.device, True)
     batch_sizes, configs = ([1, 2], ["3,1,4", "3,4,8"]) if args.smoke else (args.batch_sizes, args.configs)
     max_new = 8 if args.smoke else args.max_new_tokens
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    # Any graph that falls back from CUDA graphs says why in the log (stderr).
+    torch._logging.set_logs(perf_hints=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request\n")
-    print("| B | drafts | depth | topk | N | acceptance length | decode tokens/s | vs plain | lossless |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request, "
+          f"median of {args.repeats} timed calls\n")  # fmt: skip
+    print("| B | drafts | depth | topk | N | acceptance length | decode tokens/s | vs plain | ms / iteration | "
+          "spread | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     start, rows = time.perf_counter(), []
     for batch in batch_sizes:
         prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
         if time.perf_counter() - start > args.budget_s:
-            print(f"| {batch} | skipped (budget) | | | | | | | |")
+            print(f"| {batch} | skipped (budget) | | | | | | | | | |")
             continue
         torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
         plain, _ = build_decoders(device, 1, batch, compile)
-        want, plain_rate, _ = run(plain, prompts, max_new)
-        print(f"| {batch} | plain | | | | 1 | {plain_rate:,.0f} | 1.00x | |", flush=True)
+        want, plain_rate, _, plain_ms, plain_spread = run(plain, prompts, max_new, args.repeats)
+        print(f"| {batch} | plain | | | | 1 | {plain_rate:,.0f} | 1.00x | {plain_ms:.3f} | {plain_spread:.0%} | |",
+              flush=True)  # fmt: skip
         for text in configs:
             depth, tree = drafts_of(text)
             topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
@@ -73,16 +87,18 @@ def main(argv=None) -> int:
             torch._dynamo.reset()
             try:
                 _, decoder = build_decoders(device, depth, batch, compile, tree=tree)
-                got, rate, length = run(decoder, prompts, max_new)
+                got, rate, length, ms, spread = run(decoder, prompts, max_new, args.repeats)
             except Exception as error:  # noqa: BLE001 - the row records it, the bench goes on
-                print(f"| {batch} | {label} | {depth} | {topk} | {n} | {type(error).__name__} | | | |")
+                print(f"| {batch} | {label} | {depth} | {topk} | {n} | {type(error).__name__} | | | | | |")
                 log(f"B={batch} {text}: {error!r}")
                 continue
             rows.append({"B": batch, "drafts": label, "depth": depth, "topk": topk, "N": n,
                          "acceptance_length": length, "decode_tokens_per_s": rate, "plain_tokens_per_s": plain_rate,
-                         "speedup": rate / plain_rate, "lossless": got == want})  # fmt: skip
+                         "speedup": rate / plain_rate, "ms_per_iteration": ms, "plain_ms_per_iteration": plain_ms,
+                         "spread": spread, "lossless": got == want})  # fmt: skip
             print(f"| {batch} | {label} | {depth} | {topk} | {n} | {length:.3f} | {rate:,.0f} | "
-                  f"{rate / plain_rate:.2f}x | {'yes' if got == want else 'FAIL'} |", flush=True)  # fmt: skip
+                  f"{rate / plain_rate:.2f}x | {ms:.3f} | {spread:.0%} | {'yes' if got == want else 'FAIL'} |",
+                  flush=True)  # fmt: skip
             log(f"B={batch} {text}: {rate:,.0f} tok/s ({time.perf_counter() - start:.0f} s)")
             if args.json:
                 with open(args.json, "w") as f:
