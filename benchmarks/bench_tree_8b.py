@@ -136,8 +136,9 @@ def build_decoder(target, head, depth: int, tree, dev: Device):
     return TreeSpeculativeDecoder(target, proposer, tree, compile=dev.iteration_compile)
 
 
-def time_iteration(dev: Device, decoder, prompt):
-    """(iteration µs, state, requests): the compiled iteration replayed, B = 1."""
+def time_iteration(dev: Device, decoder, prompt, profile: bool = False):
+    """(iteration µs, state, requests): the compiled iteration replayed, B = 1;
+    profile: also log its kernels (kernel_profile)."""
     prompts, requests = decoder.requests([prompt], MAX_MODEL_LEN - len(prompt), None, None)
     state = decoder.prefill(prompts, requests)
 
@@ -148,7 +149,23 @@ def time_iteration(dev: Device, decoder, prompt):
 
     for _ in range(3):  # compile, warm up, record the graph
         iteration()
+    if profile and not dev.smoke:
+        log(f"kernels of 5 iterations ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_profile(iteration))
     return dev.time_us(iteration), state, requests
+
+
+def kernel_profile(fn, calls: int = 5, rows: int = 30) -> str:
+    """The CUDA kernels of `calls` calls of fn (CUDA-graph replays included), by total
+    device time: where an iteration's time over its floor goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
 
 
 def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
@@ -170,7 +187,7 @@ def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
     return text, times
 
 
-def iteration_section(dev: Device, budget: Budget, target, head, configs, acceptance) -> dict:
+def iteration_section(dev: Device, budget: Budget, target, head, configs, acceptance, profile=False) -> dict:
     """Plain decoding's iteration, then each configuration's iteration against its
     floor, printed as a table; returns the numbers."""
     prompt = torch.randint(0, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0))
@@ -189,7 +206,7 @@ def iteration_section(dev: Device, budget: Budget, target, head, configs, accept
             torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
             t0 = time.perf_counter()
             decoder = build_decoder(target, head, depth, tree, dev)
-            iteration_us, state, requests = time_iteration(dev, decoder, prompt.tolist())
+            iteration_us, state, requests = time_iteration(dev, decoder, prompt.tolist(), profile)
             compile_s = time.perf_counter() - t0
             if tree is None:
                 target_fn, first_fn, step_fn = floor_fns(dev, decoder, state, requests)
@@ -238,6 +255,7 @@ def main(argv=None) -> int:
         help="N of the verify table (none: skip it; each N compiles the 32-layer target)",
     )
     parser.add_argument("--json", help="write the tables' numbers as JSON")
+    parser.add_argument("--profile", action="store_true", help="log each configuration's iteration kernels (stderr)")
     args = parser.parse_args(argv)
     dev, budget = Device(args.smoke), Budget(args.budget_s)
     acceptance = load_acceptance(args.acceptance)
@@ -251,7 +269,7 @@ def main(argv=None) -> int:
         print(verify_text + "\n")
     out = {"device": name, "layers": layers, "verify_us": verify_us, "rows": []}
     if args.configs:
-        out.update(iteration_section(dev, budget, target, head, args.configs, acceptance))
+        out.update(iteration_section(dev, budget, target, head, args.configs, acceptance, args.profile))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"\ntotal {budget.spent():.0f} s")

@@ -4,6 +4,7 @@
 #                                        # the 10**6-trial lossless cases (slow lane)
 #   bash scripts/gpu_issue26.sh t07      # benchmarks/bench_tree.py --temperature 0.7: every row sampled
 #   bash scripts/gpu_issue26.sh 8b [verify | D,K,N ...]  # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
+#   bash scripts/gpu_issue26.sh 8b-profile [D,K,N ...]   # the same iterations, each one's CUDA kernels logged
 #   bash scripts/gpu_issue26.sh batch [B ...]  # benchmarks/bench_tree_batch.py: tree vs chain, B = 1 .. 64
 #   bash scripts/gpu_issue26.sh demo     # benchmarks/bench_tree.py: every row greedy (the first calls' stage)
 DEFAULT_OUT=/tmp/gpu_issue26
@@ -41,6 +42,14 @@ t07)
     timeout 580 python3 benchmarks/bench_tree_8b.py $args --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     echo "bench_tree_8b: exit $?"; grep -v "^verify\|^plain:\|^[0-9],[0-9]" "$OUT/$name.log" | tail -40
     ;;
+8b-profile)
+    shift
+    configs=${*:-7,4,32 5,4,32 3,1,4}
+    name=bench_tree_8b_profile_${configs//[ ,]/_}
+    timeout 580 python3 benchmarks/bench_tree_8b.py --verify-sizes --configs $configs --budget-s 380 --profile \
+        --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    echo "bench_tree_8b --profile: exit $?"; grep "^|" "$OUT/$name.log"
+    ;;
 batch)
     shift
     sizes=${*:-1 64 8 32 2 16 4}
@@ -54,7 +63,7 @@ demo)
         | tee "$OUT/bench_tree.log" | tail -30
     ;;
 *)
-    echo "usage: bash scripts/gpu_issue26.sh tests|t07|8b|batch|demo" >&2
+    echo "usage: bash scripts/gpu_issue26.sh tests|t07|8b|8b-profile|batch|demo" >&2
     exit 2
     ;;
 esac
