@@ -50,7 +50,19 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     raise pytest.UsageError("SPECDRAFT_DEVICE=cuda but torch sees no CUDA device")
 
 
+def share_cores_between_workers() -> None:
+    """Each pytest-xdist worker takes its share of torch's intra-op threads (at least
+    one) unless OMP_NUM_THREADS says otherwise. Left at the default, each of 2 workers
+    on 2 cores ran 2 OpenMP threads that spin while they wait: the far-tail sampling
+    tests took 101 s instead of 45 on 2 workers, and Inductor compiled every C++
+    kernel for threads the worker never gets."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
 def pytest_configure(config):
+    share_cores_between_workers()
     compile_profile.register(config)  # SPECDRAFT_TEST_PROFILE=DIR only
 
 

@@ -12,9 +12,10 @@ CPU can check:
   dynamic=True, its captures computed in the graph from cu_seqlens, at 1, 3 and 8
   sequences against dense: this failed on CPU too before the fix (NoValidChoicesError:
   the same unrealised captures), and compiles once for all three;
-- the whole unroll with flex compiled by Inductor on CPU with static shapes (CPU
-  Inductor's C++ flex template miscompiles several flex calls of one graph under
-  dynamic shapes, `cur_qSplitSize0` undeclared, a CPU-only bug; the GPU rows of
+- the whole unroll with flex compiled by Inductor on CPU, one graph at 1 and 8
+  sequences: the sequence count symbolic, the row count static (CPU Inductor's C++
+  flex template miscompiles several flex calls of one graph when the rows are
+  dynamic, `cur_qSplitSize0` undeclared, a CPU-only bug; the GPU rows of
   benchmarks/bench_unroll.py compile the unroll with dynamic=True);
 - structurally, in the graph Inductor receives (CUDA-only decisions cannot run on
   CPU): every flex call asks for the main Triton kernel, and every tensor its mask
@@ -78,17 +79,24 @@ def test_compiled_flex_attention_any_sequence_count(lengths):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_compiled_flex_unroll_equals_dense():
     """The whole unroll (multi-layer: diagonal masks computed in the graph) compiled
-    by Inductor with flex at one sequence, the count that crashed, and at 9."""
+    by Inductor with flex, one graph for one sequence (the count that crashed) and
+    for 8: 150 rows each, the sequence count symbolic (cu_seqlens' length marked
+    dynamic, as a training step sees varying counts), the rows static (see the
+    module docstring). The static one-sequence specialisation is the attention
+    test's S1 case above."""
     head, width, loop = head_for("multi_layer", False)
     compiled = fresh_compile(
         lambda *a: unroll_for_eval(head, *a, num_steps=3, loop=loop, attention="flex"), fullgraph=True, dynamic=False
     )
-    for lengths in ([150], [20] * 8 + [33]):
-        packed = make_packed(lengths, target_hidden=width, mrope=False, seed=len(lengths))
-        want = unroll_for_eval(head, *packed.unroll_args(), num_steps=3, loop=loop, attention="dense")
-        got = compiled(*packed.unroll_args())
-        assert torch.equal(got.draft_tokens, want.draft_tokens)
-        torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-5)
+    with CompileCounts.measure() as counts:
+        for lengths in ([150], [20] * 7 + [10]):
+            packed = make_packed(lengths, target_hidden=width, mrope=False, seed=len(lengths))
+            torch._dynamo.mark_dynamic(packed.cu_seqlens, 0)
+            want = unroll_for_eval(head, *packed.unroll_args(), num_steps=3, loop=loop, attention="dense")
+            got = compiled(*packed.unroll_args())
+            assert torch.equal(got.draft_tokens, want.draft_tokens)
+            torch.testing.assert_close(got.logits, want.logits, atol=2e-5, rtol=1e-5)
+    assert counts.graph_breaks == 0 and counts.compiles == 1, counts
 
 
 # ------------------------------------------------------------ the graph Inductor gets
