@@ -105,6 +105,22 @@ class Device:
         return do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
 
 
+def kernel_profile(fn, calls: int = 5, rows: int = 30) -> str:
+    """The CUDA kernels of `calls` calls of fn (CUDA-graph replays included), by total
+    device time: where an iteration's time over its floor goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return "(no CUDA device: no kernel profile)"
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
+
+
 def raise_recompile_limits() -> None:
     # Every decoder compiles SpeculativeDecoder.iteration (one code object) for its
     # own shapes; the default limit of 8 per code object would stop compiling.

@@ -32,7 +32,7 @@ import pathlib
 import time
 
 import torch
-from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, log, table
+from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_profile, log, table
 from bench_tree import drafts_of
 
 from specdraft.config import SpeculativeConfig
@@ -152,20 +152,6 @@ def time_iteration(dev: Device, decoder, prompt, profile: bool = False):
     if profile and not dev.smoke:
         log(f"kernels of 5 iterations ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_profile(iteration))
     return dev.time_us(iteration), state, requests
-
-
-def kernel_profile(fn, calls: int = 5, rows: int = 30) -> str:
-    """The CUDA kernels of `calls` calls of fn (CUDA-graph replays included), by total
-    device time: where an iteration's time over its floor goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
 
 
 def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:

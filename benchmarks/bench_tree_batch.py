@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from bench_generate import kernel_profile
 from bench_tree import drafts_of, log
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -27,13 +28,16 @@ CONFIGS = ["3,1,4", "5,1,6", "3,4,8", "5,4,16"]
 BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
 
 
-def run(decoder, prompts, max_new_tokens: int, repeats: int):
+def run(decoder, prompts, max_new_tokens: int, repeats: int, profile: bool = False):
     """(tokens per request, decode tokens/s, acceptance length, ms per iteration, spread):
     one warm-up call of the timed length (compile, then CUDA-graph trees' warm-up and
     recording in its first two iterations), then `repeats` timed calls; the median
     call's rate and iteration time, and (max - min) / median of the rates. One timed
     call of ~100 iterations is 40-200 ms of GPU time: a single hiccup moves it."""
     decoder.generate(prompts, max_new_tokens=max_new_tokens)
+    if profile:  # kernels of one 16-token call, ~16 / acceptance length iterations
+        log(f"kernels of generate(B = {len(prompts)}, 16 tokens), K = {decoder.k}:\n"
+            + kernel_profile(lambda: decoder.generate(prompts, max_new_tokens=16), calls=1))  # fmt: skip
     results = [decoder.generate(prompts, max_new_tokens=max_new_tokens) for _ in range(repeats)]
     rates = [float(r.stats.decode_tokens_per_s) for r in results]
     median = sorted(range(repeats), key=rates.__getitem__)[repeats // 2]
@@ -53,6 +57,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="log each row's CUDA kernels (stderr)")
     parser.add_argument("--json", help="write the rows as JSON (after every row)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -77,7 +82,7 @@ def main(argv=None) -> int:
             continue
         torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
         plain, _ = build_decoders(device, 1, batch, compile)
-        want, plain_rate, _, plain_ms, plain_spread = run(plain, prompts, max_new, args.repeats)
+        want, plain_rate, _, plain_ms, plain_spread = run(plain, prompts, max_new, args.repeats, args.profile)
         print(f"| {batch} | plain | | | | 1 | {plain_rate:,.0f} | 1.00x | {plain_ms:.3f} | {plain_spread:.0%} | |",
               flush=True)  # fmt: skip
         for text in configs:
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
             torch._dynamo.reset()
             try:
                 _, decoder = build_decoders(device, depth, batch, compile, tree=tree)
-                got, rate, length, ms, spread = run(decoder, prompts, max_new, args.repeats)
+                got, rate, length, ms, spread = run(decoder, prompts, max_new, args.repeats, args.profile)
             except Exception as error:  # noqa: BLE001 - the row records it, the bench goes on
                 print(f"| {batch} | {label} | {depth} | {topk} | {n} | {type(error).__name__} | | | | | |")
                 log(f"B={batch} {text}: {error!r}")

@@ -5,6 +5,8 @@
 #   bash scripts/gpu_issue26.sh t07      # benchmarks/bench_tree.py --temperature 0.7: every row sampled
 #   bash scripts/gpu_issue26.sh 8b [verify | D,K,N ...]  # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
 #   bash scripts/gpu_issue26.sh 8b-profile [D,K,N ...]   # the same iterations, each one's CUDA kernels logged
+#   bash scripts/gpu_issue26.sh profile  # 8b-profile 7,4,32, then the demo pair's kernels at B = 1 and 8
+#                                        # (plain decoding at B = 8 ran 1.46 ms per iteration, B = 32 0.86)
 #   bash scripts/gpu_issue26.sh batch [B ...]  # benchmarks/bench_tree_batch.py: tree vs chain, B = 1 .. 64
 #   bash scripts/gpu_issue26.sh demo     # benchmarks/bench_tree.py: every row greedy (the first calls' stage)
 DEFAULT_OUT=/tmp/gpu_issue26
@@ -50,6 +52,12 @@ t07)
         --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     echo "bench_tree_8b --profile: exit $?"; grep "^|" "$OUT/$name.log"
     ;;
+profile)
+    bash "$0" 8b-profile 7,4,32
+    timeout 200 python3 benchmarks/bench_tree_batch.py --batch-sizes 1 8 --configs 3,1,4 3,4,8 --repeats 1 --profile \
+        --json "$OUT/bench_tree_batch_profile.json" > "$OUT/bench_tree_batch_profile.log" 2>&1
+    echo "bench_tree_batch --profile: exit $?"; grep "^|" "$OUT/bench_tree_batch_profile.log"
+    ;;
 batch)
     shift
     sizes=${*:-1 64 8 32 2 16 4}
@@ -63,7 +71,7 @@ demo)
         | tee "$OUT/bench_tree.log" | tail -30
     ;;
 *)
-    echo "usage: bash scripts/gpu_issue26.sh tests|t07|8b|8b-profile|batch|demo" >&2
+    echo "usage: bash scripts/gpu_issue26.sh tests|t07|8b|8b-profile|profile|batch|demo" >&2
     exit 2
     ;;
 esac
