@@ -132,13 +132,14 @@ def test_bad_trees_are_refused(tree, capsys):
 
 @pytest.mark.parametrize(
     ("prompts", "tree", "k"),
-    [(1, None, 5), (2, None, 3), (6, (5, 4, 16), 3)],
+    [(1, None, 3), (2, None, 2), (6, (3, 4, 8), 2)],
     ids=["B1-chain", "B2-plain-table", "B6-tree"],
 )
 def test_tree_auto_follows_the_measured_table(prompts, tree, k, capsys):
-    """--tree auto at B = 1: the table's chain (K = 5); at B = 2 the table picks plain
-    decoding, so the demo keeps its chain; at B = 6 (the next row: 8) the tree 5,4,16."""
-    args = demo.parse_args(["--tree", "auto", "--prompts", str(prompts)])
+    """--tree auto (with --k 2) at B = 1: the table's chain (K = 3); at B = 2 the table
+    picks plain decoding, so the demo keeps its chain of --k; at B = 6 (the next row:
+    8) the tree 3,4,8."""
+    args = demo.parse_args(["--tree", "auto", "--prompts", str(prompts), "--k", "2"])
     demo.choose_drafts(args, prompts)
     got = None if args.tree is None else (args.tree.depth, args.tree.topk, args.tree.num_verify_tokens)
     assert (got, args.k) == (tree, k)
