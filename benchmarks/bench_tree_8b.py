@@ -30,6 +30,7 @@ import argparse
 import json
 import pathlib
 import time
+from statistics import median
 
 import torch
 from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_profile, log, table
@@ -136,9 +137,9 @@ def build_decoder(target, head, depth: int, tree, dev: Device):
     return TreeSpeculativeDecoder(target, proposer, tree, compile=dev.iteration_compile)
 
 
-def time_iteration(dev: Device, decoder, prompt, profile: bool = False):
-    """(iteration µs, state, requests): the compiled iteration replayed, B = 1;
-    profile: also log its kernels (kernel_profile)."""
+def warm_iteration(dev: Device, decoder, prompt, profile: bool = False):
+    """(iteration fn, state, requests): the compiled iteration, B = 1, compiled, warmed
+    up and its graph recorded; profile: also log its kernels (kernel_profile)."""
     prompts, requests = decoder.requests([prompt], MAX_MODEL_LEN - len(prompt), None, None)
     state = decoder.prefill(prompts, requests)
 
@@ -151,7 +152,19 @@ def time_iteration(dev: Device, decoder, prompt, profile: bool = False):
         iteration()
     if profile and not dev.smoke:
         log(f"kernels of 5 iterations ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_profile(iteration))
-    return dev.time_us(iteration), state, requests
+    return iteration, state, requests
+
+
+def interleaved_us(dev: Device, fns: dict, rounds: int) -> dict[str, list[float]]:
+    """µs of each (fn, graph) in `fns`, timed one after another in each of `rounds`
+    rounds: a drift of the GPU's speed over the minutes a configuration takes then
+    moves the iteration and its floor pieces alike (two calls' floor pieces, each
+    timed once, differed by 9%)."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, (fn, graph) in fns.items():
+            times[name].append(dev.time_us(fn, graph=graph))
+    return times
 
 
 def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
@@ -173,49 +186,63 @@ def verify_section(dev: Device, target, sizes) -> tuple[str, dict]:
     return text, times
 
 
-def iteration_section(dev: Device, budget: Budget, target, head, configs, acceptance, profile=False) -> dict:
+def iteration_section(dev: Device, budget: Budget, target, head, configs, acceptance, profile=False,
+                      rounds: int = 3) -> dict:  # fmt: skip
     """Plain decoding's iteration, then each configuration's iteration against its
-    floor, printed as a table; returns the numbers."""
+    floor (medians over `rounds` interleaved rounds, and the per-round ratios'
+    median and range), printed as a table; returns the numbers."""
     prompt = torch.randint(0, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0))
     rows, out = [], {"rows": []}
     with torch.no_grad():
         torch._dynamo.reset()
-        plain_us, _, _ = time_iteration(dev, build_decoder(target, head, 0, None, dev), prompt.tolist())
+        plain_fn, _, _ = warm_iteration(dev, build_decoder(target, head, 0, None, dev), prompt.tolist())
+        plain_us = median(interleaved_us(dev, {"plain": (plain_fn, False)}, rounds)["plain"])
         log(f"plain: {plain_us:.0f} µs per token ({budget.spent():.0f} s)")
         for text in configs:
             depth, tree = drafts_of(text)
             topk, n = (1, depth + 1) if tree is None else (tree.topk, tree.num_verify_tokens)
             label = ["chain" if tree is None else "tree", depth, topk, n]
             if budget.over():
-                rows.append(label + ["skipped (budget)"] + [""] * 6)
+                rows.append(label + ["skipped (budget)"] + [""] * 7)
                 continue
             torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
             t0 = time.perf_counter()
             decoder = build_decoder(target, head, depth, tree, dev)
-            iteration_us, state, requests = time_iteration(dev, decoder, prompt.tolist(), profile)
-            compile_s = time.perf_counter() - t0
+            iteration_fn, state, requests = warm_iteration(dev, decoder, prompt.tolist(), profile)
             if tree is None:
                 target_fn, first_fn, step_fn = floor_fns(dev, decoder, state, requests)
             else:
                 target_fn, first_fn, *step = tree_floor_fns(dev, decoder, state, requests)
                 step_fn = step[0] if step else None
-            target_us, first_us = dev.time_us(target_fn, graph=True), dev.time_us(first_fn, graph=True)
-            step_us = dev.time_us(step_fn, graph=True) if step_fn is not None else 0.0
-            floor = target_us + first_us + (depth - 1) * step_us
+            compile_s = time.perf_counter() - t0
+            fns = {"iteration": (iteration_fn, False), "target": (target_fn, True), "first": (first_fn, True)}
+            if step_fn is not None:
+                fns["step"] = (step_fn, True)
+            times = interleaved_us(dev, fns, rounds)
+            times.setdefault("step", [0.0] * rounds)
+            floors = [t + f + (depth - 1) * s for t, f, s in zip(times["target"], times["first"], times["step"],
+                                                                  strict=True)]  # fmt: skip
+            ratios = [i / f for i, f in zip(times["iteration"], floors, strict=True)]
+            iteration_us, floor = median(times["iteration"]), median(floors)
+            target_us, first_us, step_us = median(times["target"]), median(times["first"]), median(times["step"])
             length = acceptance.get((depth, topk, n))
             projected = length * plain_us / iteration_us if length is not None else None
-            rows.append(label + [iteration_us, floor, iteration_us / floor, target_us, first_us, step_us,
+            spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
+            rows.append(label + [iteration_us, floor, median(ratios), spread, target_us, first_us, step_us,
                                  "n/a" if length is None else length, "n/a" if projected is None else projected])  # fmt: skip
             out["rows"].append(dict(zip(["drafts", "depth", "topk", "N", "iteration_us", "floor_us", "ratio",
-                                         "target_us", "first_pass_us", "step_us", "acceptance_length",
-                                         "projected_speedup"], rows[-1], strict=True), compile_s=compile_s))  # fmt: skip
-            log(f"{text}: iteration {iteration_us:.0f} µs, floor {floor:.0f} µs, projected "
-                f"{projected if projected is None else round(projected, 2)} ({compile_s:.0f} s to build)")  # fmt: skip
+                                         "ratio_range", "target_us", "first_pass_us", "step_us", "acceptance_length",
+                                         "projected_speedup"], rows[-1], strict=True), compile_s=compile_s,
+                                    rounds=times))  # fmt: skip
+            log(f"{text}: iteration {iteration_us:.0f} µs, floor {floor:.0f} µs (ratio per round {spread}), "
+                f"projected {projected if projected is None else round(projected, 2)} ({compile_s:.0f} s to build)")  # fmt: skip
             del decoder, state, requests
     out["plain_us"] = plain_us
-    headers = ["drafts", "D", "topk", "N", "iteration µs", "floor µs", "iteration / floor", "target fwd µs",
-               "draft first pass µs", "draft step µs", "acceptance length (demo pair)", "projected speedup"]  # fmt: skip
+    headers = ["drafts", "D", "topk", "N", "iteration µs", "floor µs", "iteration / floor", "per-round range",
+               "target fwd µs", "draft first pass µs", "draft step µs", "acceptance length (demo pair)",
+               "projected speedup"]  # fmt: skip
     print(f"Plain decoding: {plain_us:.1f} µs per token (its compiled iteration)\n")
+    print(f"Medians of {rounds} rounds, each timing the iteration and its floor pieces one after another\n")
     print(table(headers, rows))
     return out
 
@@ -242,7 +269,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--json", help="write the tables' numbers as JSON")
     parser.add_argument("--profile", action="store_true", help="log each configuration's iteration kernels (stderr)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians reported)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     dev, budget = Device(args.smoke), Budget(args.budget_s)
     acceptance = load_acceptance(args.acceptance)
     layers = 2 if args.smoke else args.layers
@@ -255,7 +285,7 @@ def main(argv=None) -> int:
         print(verify_text + "\n")
     out = {"device": name, "layers": layers, "verify_us": verify_us, "rows": []}
     if args.configs:
-        out.update(iteration_section(dev, budget, target, head, args.configs, acceptance, args.profile))
+        out.update(iteration_section(dev, budget, target, head, args.configs, acceptance, args.profile, args.rounds))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"\ntotal {budget.spent():.0f} s")
