@@ -1,6 +1,6 @@
 """Shared test setup: Hypothesis profiles, the lanes (which tests run where), the
-device every suite runs on, and NaN-poisoned torch.empty so no op can pass by
-reading memory it never wrote.
+device every suite runs on, each pytest-xdist worker's share of the CPU threads,
+and NaN-poisoned torch.empty so no op can pass by reading memory it never wrote.
 
 Lanes, chosen by marker alone:
 - `interpreter`: Triton kernels on CPU tensors; skipped unless TRITON_INTERPRET=1
