@@ -2,8 +2,9 @@
 # Issue 26's GPU points, one stage per device call (each fits its 10 minutes), logs under $OUT:
 #   bash scripts/gpu_issue26.sh tests    # the tree tests on CUDA (tree ops' kernels included), then
 #                                        # the 10**6-trial lossless cases (slow lane)
-#   bash scripts/gpu_issue26.sh t07      # benchmarks/bench_tree.py --temperature 0.7: every row sampled
+#   bash scripts/gpu_issue26.sh t07 [D,K,N ...]  # benchmarks/bench_tree.py --temperature 0.7: every row sampled
 #   bash scripts/gpu_issue26.sh 8b [verify | D,K,N ...]  # benchmarks/bench_tree_8b.py: 32-layer 8B-shaped target, B = 1
+#                                        # (iteration and floor pieces timed in 3 interleaved rounds)
 #   bash scripts/gpu_issue26.sh 8b-profile [D,K,N ...]   # the same iterations, each one's CUDA kernels logged
 #   bash scripts/gpu_issue26.sh profile  # 8b-profile 7,4,32, then the demo pair's kernels at B = 1 and 8
 #                                        # (plain decoding at B = 8 ran 1.46 ms per iteration, B = 32 0.86)
@@ -26,9 +27,12 @@ tests)
     echo "10**6-trial lossless cases: exit $?"; tail -8 "$OUT/tests_lossless_1e6.log"
     ;;
 t07)
-    timeout 560 python3 benchmarks/bench_tree.py --temperature 0.7 --budget-s 480 \
-        --json "$OUT/bench_tree_t07.json" > "$OUT/bench_tree_t07.log" 2>&1
-    echo "bench_tree T = 0.7: exit $?"; grep "^|" "$OUT/bench_tree_t07.log"; head -3 "$OUT/bench_tree_t07.log"
+    # `t07 D,K,N ...`: just those rows (the plain baseline always runs), in a log of their own.
+    shift
+    rows="$*"; only=${rows:+--only $rows}; name=bench_tree_t07${rows:+_${rows//[ ,]/_}}
+    timeout 560 python3 benchmarks/bench_tree.py --temperature 0.7 --budget-s 480 $only \
+        --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    echo "bench_tree T = 0.7: exit $?"; grep "^|" "$OUT/$name.log"; head -3 "$OUT/$name.log"
     ;;
 8b)
     # A 32-layer compile takes about a minute: the verify table (7 compiles) and the
