@@ -267,6 +267,20 @@ def floor_fns(dev: Device, decoder: SpeculativeDecoder, state, requests):
     return [dev.compile_alone(fn) for fn in (target_forward, first_pass, draft_step)]
 
 
+def warmed_iteration(dev: Device, decoder, state, requests):
+    """The decoder's compiled iteration over (state, requests) as a no-argument
+    function, called three times first: compile, warm up, record the CUDA graph."""
+
+    def iteration():
+        if not dev.smoke:
+            torch.compiler.cudagraph_mark_step_begin()
+        return decoder.compiled["iteration"](state, requests)
+
+    for _ in range(3):
+        iteration()
+    return iteration
+
+
 def llama8b_section(dev: Device, budget: Budget, k: int, batch_sizes, num_layers: int, max_model_len: int) -> str:
     draft_vocab = 256 if dev.smoke else 32000
     target, head = build_8b(dev, num_layers, draft_vocab)
@@ -287,14 +301,7 @@ def llama8b_section(dev: Device, budget: Budget, k: int, batch_sizes, num_layers
         with torch.no_grad():
             state = decoder.prefill(prompts, requests)
 
-            def iteration(decoder=decoder, state=state, requests=requests):
-                if not dev.smoke:
-                    torch.compiler.cudagraph_mark_step_begin()
-                return decoder.compiled["iteration"](state, requests)
-
-            for _ in range(3):  # compile, warm up, record the graph
-                iteration()
-            iteration_us = dev.time_us(iteration)
+            iteration_us = dev.time_us(warmed_iteration(dev, decoder, state, requests))
             target_fn, first_fn, step_fn = floor_fns(dev, decoder, state, requests)
             target_us = dev.time_us(target_fn, graph=True)
             first_us = dev.time_us(first_fn, graph=True)

@@ -33,7 +33,7 @@ import time
 from statistics import median
 
 import torch
-from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_profile, log, table
+from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_profile, log, table, warmed_iteration
 from bench_tree import drafts_of
 
 from specdraft.config import SpeculativeConfig
@@ -142,14 +142,7 @@ def warm_iteration(dev: Device, decoder, prompt, profile: bool = False):
     up and its graph recorded; profile: also log its kernels (kernel_profile)."""
     prompts, requests = decoder.requests([prompt], MAX_MODEL_LEN - len(prompt), None, None)
     state = decoder.prefill(prompts, requests)
-
-    def iteration():
-        if not dev.smoke:
-            torch.compiler.cudagraph_mark_step_begin()
-        return decoder.compiled["iteration"](state, requests)
-
-    for _ in range(3):  # compile, warm up, record the graph
-        iteration()
+    iteration = warmed_iteration(dev, decoder, state, requests)
     if profile and not dev.smoke:
         log(f"kernels of 5 iterations ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_profile(iteration))
     return iteration, state, requests
