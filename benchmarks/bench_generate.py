@@ -121,6 +121,32 @@ def kernel_profile(fn, calls: int = 5, rows: int = 30) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
 
 
+def kernel_list(fn, calls: int = 5) -> str:
+    """Every CUDA kernel of one call of fn (the mean over `calls` calls): µs per call,
+    launches per call and name, by time, with the totals. Two such lists (an
+    iteration's and its floor pieces') say which kernels the iteration adds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return "(no CUDA device: no kernel list)"
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", None)
+        device_us = event.self_cuda_time_total if device_us is None else device_us
+        if device_us > 0:
+            rows.append((device_us / calls, event.count / calls, event.key[:140]))
+    rows.sort(reverse=True)
+    lines = [f"{us:9.1f} µs {count:6.1f}x  {name}" for us, count, name in rows]
+    total_us, launches = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    return "\n".join(lines + [f"{total_us:9.1f} µs {launches:6.1f}x  total per call"])
+
+
 def raise_recompile_limits() -> None:
     # Every decoder compiles SpeculativeDecoder.iteration (one code object) for its
     # own shapes; the default limit of 8 per code object would stop compiling.

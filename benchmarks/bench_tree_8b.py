@@ -33,7 +33,7 @@ import time
 from statistics import median
 
 import torch
-from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_profile, log, table, warmed_iteration
+from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_list, log, table, warmed_iteration
 from bench_tree import drafts_of
 
 from specdraft.config import SpeculativeConfig
@@ -139,12 +139,12 @@ def build_decoder(target, head, depth: int, tree, dev: Device):
 
 def warm_iteration(dev: Device, decoder, prompt, profile: bool = False):
     """(iteration fn, state, requests): the compiled iteration, B = 1, compiled, warmed
-    up and its graph recorded; profile: also log its kernels (kernel_profile)."""
+    up and its graph recorded; profile: also log its kernels (kernel_list)."""
     prompts, requests = decoder.requests([prompt], MAX_MODEL_LEN - len(prompt), None, None)
     state = decoder.prefill(prompts, requests)
     iteration = warmed_iteration(dev, decoder, state, requests)
     if profile and not dev.smoke:
-        log(f"kernels of 5 iterations ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_profile(iteration))
+        log(f"kernels of one iteration ({type(decoder).__name__}, K = {decoder.k}):\n" + kernel_list(iteration))
     return iteration, state, requests
 
 
@@ -208,6 +208,10 @@ def iteration_section(dev: Device, budget: Budget, target, head, configs, accept
                 target_fn, first_fn, *step = tree_floor_fns(dev, decoder, state, requests)
                 step_fn = step[0] if step else None
             compile_s = time.perf_counter() - t0
+            if profile and not dev.smoke:
+                for name, fn in (("target forward", target_fn), ("first pass", first_fn), ("draft step", step_fn)):
+                    if fn is not None:
+                        log(f"kernels of the floor's {name}:\n" + kernel_list(fn))
             fns = {"iteration": (iteration_fn, False), "target": (target_fn, True), "first": (first_fn, True)}
             if step_fn is not None:
                 fns["step"] = (step_fn, True)

@@ -12,7 +12,15 @@ import importlib.util
 import pytest
 import torch
 
-from specdraft.ops import tree_ancestors, tree_commit_kv, tree_expand, tree_positions, tree_select, tree_verify
+from specdraft.ops import (
+    top_logprobs,
+    tree_ancestors,
+    tree_commit_kv,
+    tree_expand,
+    tree_positions,
+    tree_select,
+    tree_verify,
+)
 
 from fixtures.gpu_lowering import compile_for_gpu, recorded_launches
 from fixtures.lanes import INTERPRETER
@@ -24,7 +32,10 @@ pytestmark = [
 
 INDEX = [torch.int32, torch.int64]
 # The modules themselves (the package exports functions of the same names).
-MODULES = [importlib.import_module(f"specdraft.ops.{name}") for name in ("tree_structure", "sampling.tree_verify")]
+MODULES = [
+    importlib.import_module(f"specdraft.ops.{name}")
+    for name in ("tree_structure", "sampling.tree_verify", "top_logprobs")
+]
 
 
 def launches_of(call) -> list:
@@ -69,10 +80,13 @@ def test_tree_positions(index, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index", INDEX)
-def test_tree_commit_kv(dtype, index):
-    cache = torch.zeros(2, 4, 16, 2, 64, dtype=dtype)
+@pytest.mark.parametrize("layers", [1, 3, 9])
+def test_tree_commit_kv(dtype, index, layers):
+    caches = [torch.zeros(2, 4, 16, 2, 64, dtype=dtype) for _ in range(layers)]
     slots = torch.zeros(2, 5, dtype=index)
-    assert_compiles(launches_of(lambda: tree_commit_kv(cache, slots, slots)))
+    launches = launches_of(lambda: tree_commit_kv(caches, slots, slots))
+    assert len(launches) == (layers + 7) // 8  # 8 caches a launch
+    assert_compiles(launches)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -85,3 +99,9 @@ def test_tree_verify(dtype):
     launches = launches_of(call)
     assert len({kernel.fn.__name__ for kernel, _, _ in launches}) == 3  # stats, walk, finish
     assert_compiles(launches)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("vocab", "k"), [(32000, 4), (128256, 8), (300, 1)])
+def test_top_logprobs(dtype, vocab, k):
+    assert_compiles(launches_of(lambda: top_logprobs(torch.zeros(4, vocab, dtype=dtype), k)))

@@ -131,13 +131,15 @@ def test_ancestors_walk_the_parents(device, data, batch, n):
 
 
 def commit_oracle(cache, src, dst):
-    """Move after move, request by request, depth by depth, on a [2, S, H, D] copy."""
-    flat = cache.clone().view(2, -1, cache.shape[-2], cache.shape[-1])
+    """Every move reads the cache as it was: slot after slot copied out of the
+    original into a [2, S, H, D] copy."""
+    before = cache.view(2, -1, cache.shape[-2], cache.shape[-1])
+    flat = before.clone()
     last = flat.shape[1] - 1
     for b in range(len(src)):
         for d in range(len(src[b])):
             s, t = min(max(src[b][d], 0), last), min(max(dst[b][d], 0), last)
-            flat[:, t] = flat[:, s].clone()
+            flat[:, t] = before[:, s]
     return flat.view(cache.shape)
 
 
@@ -158,17 +160,34 @@ def test_positions_are_root_plus_depth_below_max_model_len(device, data, batch, 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_commit_moves_slots_in_depth_order(device, dtype):
+def test_commit_reads_every_slot_before_writing(device, dtype):
     g = torch.Generator().manual_seed(0)
     cache = torch.randn(2, 6, 4, 3, 5, generator=g).to(dtype)  # 24 slots, 3 heads of 5
-    # Request 0 reads a slot its own depth 1 wrote (9 -> 4, then 4 -> 5); request 1
-    # moves onto itself (padding) and has a real move; request 2 reaches past the cache.
-    src = [[9, 4, 6], [12, 13, 21], [30, 2, -3]]
-    dst = [[4, 5, 6], [12, 14, 22], [16, 17, 18]]
+    # Request 0: depth 1 writes slot 4, which depth 2 reads (slot 5 gets slot 4 as it
+    # was), and depth 3 writes slot 8, which depth 0 reads (as a tree's path can);
+    # request 1 moves onto itself (padding) and has real moves; request 2 reaches past
+    # the cache.
+    src = [[8, 9, 4, 6], [12, 13, 21, 15], [30, 2, -3, 1]]
+    dst = [[3, 4, 5, 8], [12, 14, 22, 15], [16, 17, 18, 19]]
     want = commit_oracle(cache, src, dst)
     got = cache.to(device)
     tree_commit_kv(got, torch.tensor(src).to(device), torch.tensor(dst).to(device))
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("layers", [3, 8, 9, 32])
+def test_commit_moves_every_cache_alike(device, layers):
+    """A list of caches (a target's layers) moved in one call: more than the 8 caches
+    one launch takes, too."""
+    g = torch.Generator().manual_seed(layers)
+    caches = [torch.randn(2, 3, 4, 2, 64, generator=g) for _ in range(layers)]  # 12 slots, 2 heads of 64
+    src, dst = [[5, 9, 2], [1, 0, 11]], [[2, 3, 4], [6, 7, 8]]
+    want = [commit_oracle(cache, src, dst) for cache in caches]
+    got = [cache.to(device) for cache in caches]
+    tree_commit_kv(got, torch.tensor(src).to(device), torch.tensor(dst).to(device))
+    for layer, (g_cache, w_cache) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g_cache.cpu(), w_cache), layer
 
 
 def test_commit_refuses_slots_outside_the_cache_in_checked_mode(device):
@@ -195,6 +214,11 @@ def test_bad_input_names_the_argument(device):
         tree_positions(roots, tokens, 0)
     with pytest.raises(ValueError, match="^dst_slots"):
         tree_commit_kv(torch.zeros(2, 2, 4, 1, 2, device=device), tokens, tokens[:, :3])
+    with pytest.raises(ValueError, match="^cache must"):
+        tree_commit_kv([], tokens, tokens)
+    with pytest.raises(ValueError, match=r"^cache\[1\]"):
+        tree_commit_kv([torch.zeros(2, 2, 4, 1, 2, device=device), torch.zeros(2, 3, 4, 1, 2, device=device)],
+                       tokens, tokens)  # fmt: skip
 
 
 def test_opcheck(device):
@@ -212,4 +236,4 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.specdraft.tree_positions, (mrope_roots, depths_2, 11))
     cache = torch.randn(2, 2, 4, 1, 2, device=device)
     moves = (torch.tensor([[1, 5]], device=device), torch.tensor([[0, 2]], device=device))
-    torch.library.opcheck(torch.ops.specdraft.tree_commit_kv, (cache, *moves))
+    torch.library.opcheck(torch.ops.specdraft.tree_commit_kv, ([cache, cache + 1], *moves))

@@ -116,17 +116,16 @@ def sampled_walk(logits, tokens, parents, requests: Requests, first_positions, d
 def move_path_kv(caches, path, counts, lens, block_table, block_size: int) -> None:
     """Each cache's KV of the accepted path's node at depth d (index path[d], at
     sequence index lens + path[d]) moved to lens + d, for d = 1 .. counts, by
-    ops.tree_commit_kv (depth by depth); other depths move a slot onto itself. A
-    destination lens + d is never a later depth's source (a node at depth d' > d has
-    index >= d' > d)."""
+    ops.tree_commit_kv (every layer's cache in one call; every source is read before a
+    destination is written, so an earlier depth's source may be a later depth's
+    destination); other depths move a slot onto itself."""
     depth = path.shape[1] - 1
     levels = torch.arange(1, depth + 1, device=path.device)
     moved = levels[None, :] <= counts[:, None]
     rows = torch.arange(path.shape[0], device=path.device)[:, None].expand(-1, depth)
     src = slots_of(lens[:, None] + torch.where(moved, path[:, 1:], levels), rows, block_table, block_size)
     dst = slots_of(lens[:, None] + levels, rows, block_table, block_size)
-    for cache in caches:
-        tree_commit_kv(cache, src.contiguous(), dst.contiguous())
+    tree_commit_kv(list(caches), src.contiguous(), dst.contiguous())
 
 
 def sibling_rank(parents: torch.Tensor) -> torch.Tensor:

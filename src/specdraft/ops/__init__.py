@@ -17,6 +17,7 @@ with quiet_without_triton():
     from .shift_and_cache_1d import shift_and_cache_1d
     from .shift_plan import ShiftPlan, shift_plan
     from .step_metadata import PADDING_SLOT_ID, step_metadata
+    from .top_logprobs import top_logprobs
     from .tree_structure import (
         SelectedTree,
         tree_ancestors,
@@ -62,6 +63,7 @@ __all__ = [
     "tree_commit_kv",
     "tree_expand",
     "tree_select",
+    "top_logprobs",
     # training-time draft metrics
     "VocabMetrics",
     "vocab_metrics",

@@ -1,7 +1,7 @@
 """The Triton kernels of the draft-tree structure ops (tree_structure.py, which
 documents what each computes): one program per request for tree_expand, tree_select
 and tree_ancestors, one per root row for tree_positions, one per (request, feature
-block) for tree_commit_kv."""
+block) for tree_commit_kv, over up to 8 caches at once."""
 
 from .backend import tl, triton
 
@@ -107,17 +107,54 @@ def tree_positions_kernel(roots_ptr, depths_ptr, out_ptr, batch, n, last, N_PAD:
 
 
 @triton.jit
-def tree_commit_kv_kernel(cache_ptr, src_ptr, dst_ptr, depth, slots, features, BLOCK: tl.constexpr):
-    """Request b's depth moves, in depth order, over one block of the features (K and V
-    of every head); the cache is [2, slots, features / 2] contiguous."""
+def tree_commit_kv_kernel(
+    c0, c1, c2, c3, c4, c5, c6, c7, src_ptr, dst_ptr, depth, slots, features,
+    NUM: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Request b's moves over one block of the features (K and V of every head) of
+    NUM caches (c0 .. c{NUM-1}; the rest are not touched), each [2, slots,
+    features / 2] contiguous: every source read, a barrier, every destination
+    written, so a move reads the cache as it was before the commit."""
     b = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     half = features // 2
     offset = (f // half) * slots * half + f % half  # [K or V, slot 0, feature]
-    inside = f < features
-    for d in range(0, depth):
-        # Clamped into the cache: a slot outside it (out of contract) never reaches memory.
-        src = tl.minimum(tl.maximum(tl.load(src_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
-        dst = tl.minimum(tl.maximum(tl.load(dst_ptr + b * depth + d).to(tl.int64), 0), slots - 1)
-        values = tl.load(cache_ptr + offset + src * half, mask=inside)
-        tl.store(cache_ptr + offset + dst * half, values, mask=inside)
+    d = tl.arange(0, D_PAD)
+    real = d < depth
+    # Clamped into the cache: a slot outside it (out of contract) never reaches memory.
+    src = tl.minimum(tl.maximum(tl.load(src_ptr + b * depth + d, mask=real, other=0).to(tl.int64), 0), slots - 1)
+    dst = tl.minimum(tl.maximum(tl.load(dst_ptr + b * depth + d, mask=real, other=0).to(tl.int64), 0), slots - 1)
+    mask = real[:, None] & (f < features)[None, :]
+    read = offset[None, :] + src[:, None] * half
+    write = offset[None, :] + dst[:, None] * half
+    v0 = tl.load(c0 + read, mask=mask)
+    if NUM > 1:
+        v1 = tl.load(c1 + read, mask=mask)
+    if NUM > 2:
+        v2 = tl.load(c2 + read, mask=mask)
+    if NUM > 3:
+        v3 = tl.load(c3 + read, mask=mask)
+    if NUM > 4:
+        v4 = tl.load(c4 + read, mask=mask)
+    if NUM > 5:
+        v5 = tl.load(c5 + read, mask=mask)
+    if NUM > 6:
+        v6 = tl.load(c6 + read, mask=mask)
+    if NUM > 7:
+        v7 = tl.load(c7 + read, mask=mask)
+    tl.debug_barrier()  # one depth's destination may be another's source, read by another thread
+    tl.store(c0 + write, v0, mask=mask)
+    if NUM > 1:
+        tl.store(c1 + write, v1, mask=mask)
+    if NUM > 2:
+        tl.store(c2 + write, v2, mask=mask)
+    if NUM > 3:
+        tl.store(c3 + write, v3, mask=mask)
+    if NUM > 4:
+        tl.store(c4 + write, v4, mask=mask)
+    if NUM > 5:
+        tl.store(c5 + write, v5, mask=mask)
+    if NUM > 6:
+        tl.store(c6 + write, v6, mask=mask)
+    if NUM > 7:
+        tl.store(c7 + write, v7, mask=mask)

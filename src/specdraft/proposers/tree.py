@@ -29,7 +29,7 @@ import torch
 from specdraft.config import SpeculativeConfig
 from specdraft.layout import position_rows
 from specdraft.models.attention import prefix_and_tree_attention
-from specdraft.ops import tree_positions
+from specdraft.ops import top_logprobs, tree_positions
 from specdraft.proposers.loop import (
     TargetWindow,
     clamp_ids,
@@ -62,27 +62,18 @@ class TreeDraftOutput(NamedTuple):
     pool: TreePool | None = None
 
 
-def top_children(logits: torch.Tensor, topk: int, model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(target ids, log-probabilities, all log-probabilities) of the topk likeliest
-    draft tokens of every row: fp32 log-softmax over the draft vocabulary, ties to
-    the lower draft id (the lower target id too: a draft-to-target map is increasing)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    ids = top_ids(logprobs, topk)
-    return model.draft_to_target(ids), logprobs.gather(-1, ids), logprobs
-
-
-def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., k] ids of the k largest entries, ties to the lower id: k argmax passes
-    (torch.argmax takes the first maximum), each taking its pick out. No sort: a
-    vocabulary-wide sort is far more work, and Inductor's CUDA sort of rows that are
-    not a power of two is what broke the tree on the GPU (ops/tree_structure.py, stable_rank).
-    log_softmax rows are finite, so a pick never comes back."""
-    picks, rest = [], logprobs
-    for _ in range(k):
-        pick = rest.argmax(dim=-1, keepdim=True)
-        picks.append(pick)
-        rest = rest.scatter(-1, pick, float("-inf"))
-    return torch.cat(picks, dim=-1)
+def top_children(logits: torch.Tensor, topk: int, model, all_logprobs: bool = False):
+    """(target ids, log-probabilities, all log-probabilities or None) of the topk
+    likeliest draft tokens of every row: ops.top_logprobs (one pass over the row;
+    ties to the lower draft id, so to the lower target id too: a draft-to-target map
+    is increasing). all_logprobs: also the fp32 log-softmax over the whole draft
+    vocabulary (what the sampled verify needs), and the children's log-probabilities
+    read from it, so the tree and the verify score with one tensor."""
+    ids, logprobs = top_logprobs(logits, topk)
+    if not all_logprobs:
+        return model.draft_to_target(ids), logprobs, None
+    full = torch.log_softmax(logits.float(), dim=-1)
+    return model.draft_to_target(ids), full.gather(-1, ids), full
 
 
 def node_positions(root_positions: torch.Tensor, depth: int, count: int, max_model_len: int) -> torch.Tensor:
@@ -182,7 +173,7 @@ def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: TreeRoot
     decide what that is (tree.feed_frontier: an EAGLE head's step layer,
     tree_lm.feed_lm_frontier: every layer of a standalone LM)."""
     batch, topk = next_token_ids.shape[0], shape.topk
-    tokens, logprobs, root_logprobs = top_children(root.logits, topk, model)
+    tokens, logprobs, root_logprobs = top_children(root.logits, topk, model, return_logprobs)
     pool, frontier = expand_root(tokens, logprobs)
     slots = (shape.depth - 1) * topk
     device = root.hidden.device
@@ -196,7 +187,8 @@ def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: TreeRoot
         visible[:, lane, (step - 1) * topk + lane] = True  # each node sees itself
         node_pos = node_positions(root.positions, step, topk, config.max_model_len)
         h_sample, h_next = feed(fed, hidden, node_pos, step, visible)
-        children, child_logprobs, all_logprobs = top_children(model.draft_logits(h_sample, step), topk, model)
+        children, child_logprobs, all_logprobs = top_children(model.draft_logits(h_sample, step), topk, model,
+                                                             return_logprobs)  # fmt: skip
         if return_logprobs:
             step_logprobs.append(all_logprobs.view(batch, topk, -1))
             step_index.append(frontier.index)
