@@ -37,12 +37,12 @@ def test_every_op_has_invalid_cases():
     import specdraft.ops as ops
 
     wrappers = {name for name in ops.__all__ if callable(getattr(ops, name)) and name[0].islower()}
-    # noise_uniform, tree_select, tree_ancestors, tree_expand, tree_positions: no
-    # argument a value can break (each defines what it does with any value, and writes
-    # only its own output); vocab_metrics: the training metrics' op (its bad input is
-    # that module's own suite's).
+    # noise_uniform, tree_select, tree_ancestors, tree_expand, tree_positions,
+    # top_logprobs: no argument a value can break (each defines what it does with any
+    # value, NaN and infinities included, and writes only its own output); vocab_metrics:
+    # the training metrics' op (its bad input is that module's own suite's).
     assert wrappers - set(OP_RULES) <= {"noise_uniform", "tree_select", "tree_ancestors", "tree_expand",
-                                        "tree_positions", "vocab_metrics"}  # fmt: skip
+                                        "tree_positions", "top_logprobs", "vocab_metrics"}  # fmt: skip
 
 
 VOCAB_CASES = dict(vocab_size=VOCAB, target_hidden_size=32, block_size=4, blocks_per_request=BLOCKS_PER_REQ,
