@@ -92,16 +92,18 @@ def top_logprobs_kernel(logits_ptr, ids_ptr, logprobs_ptr, vocab, row_stride, K:
 
 
 def top_logprobs_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # k argmax passes (argmax takes the first maximum: the lower index), each taking
+    # its pick out as -inf. In float64, NaN and -inf entries rank as one value below
+    # every float32 logit (-1e300), so a pick taken out (-inf) never comes back, even
+    # in a row with fewer than k entries above -inf. Two ops a pass: cheap to compile.
     values = logits.float()
-    key = torch.where(values.isnan(), float("-inf"), values)
-    taken = torch.zeros_like(key, dtype=torch.bool)
+    key = values.double()
+    key = torch.where(key.isnan() | (key == float("-inf")), -1e300, key)
     picks = []
     for _ in range(k):
-        masked = key.masked_fill(taken, float("-inf"))
-        best = masked.amax(dim=-1, keepdim=True)
-        pick = ((masked == best) & ~taken).int().argmax(dim=-1, keepdim=True)  # argmax: the first
-        taken = taken.scatter(-1, pick, True)
+        pick = key.argmax(dim=-1, keepdim=True)
         picks.append(pick)
+        key = key.scatter(-1, pick, float("-inf"))
     ids = torch.cat(picks, dim=-1)
     return ids, torch.log_softmax(values, dim=-1).gather(-1, ids)
 
