@@ -237,3 +237,29 @@ def test_topk_one_is_the_chain_on_64_prompts_of_256_tokens(pair):
     assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
     assert got.stats.accepted_per_position.tolist() == want.stats.accepted_per_position.tolist()
     assert got.stats.request_passes.tolist() == want.stats.request_passes.tolist()
+
+
+def test_iteration_graph_commits_every_layer_at_once(pair):
+    """What the GPU's launch count rests on, read from the traced iteration: the KV
+    commit is one ops.tree_commit_kv call for all the target's layers (8 caches a
+    launch; a call per layer was 139 µs of an 8B-shaped iteration), and each draft
+    step picks its children with one ops.top_logprobs (a log-softmax and k argmax
+    passes were 8 kernels a step): depth calls, the root's included."""
+    target, head = pair
+    shape = TreeShape(3, 2, 6)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    decoder = tree_decoder(target, head, shape, 1, compile={"backend": record})
+    decoder.generate(PROMPTS[:1], max_new_tokens=8)
+    assert len(graphs) == 1
+    calls = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    commits = [t for t in calls if t is torch.ops.specdraft.tree_commit_kv.default]
+    assert len(commits) == 1
+    (commit,) = [n for n in graphs[0].graph.nodes if n.target is torch.ops.specdraft.tree_commit_kv.default]
+    assert len(commit.args[0]) == target.config.num_layers
+    assert calls.count(torch.ops.specdraft.top_logprobs.default) == shape.depth
