@@ -94,17 +94,16 @@ def top_logprobs_kernel(logits_ptr, ids_ptr, logprobs_ptr, vocab, row_stride, K:
 def top_logprobs_reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     # k argmax passes (argmax takes the first maximum: the lower index), each taking
     # its pick out as -inf. In float64, NaN and -inf entries rank as one value below
-    # every float32 logit (-1e300), so a pick taken out (-inf) never comes back, even
-    # in a row with fewer than k entries above -inf. Two ops a pass: cheap to compile.
+    # every float32 logit (-1e300; +inf stays above all), so a pick taken out never
+    # comes back, even in a row with fewer than k entries above -inf. Few ops: the
+    # eager tree runs this at every draft step.
     values = logits.float()
-    key = values.double()
-    key = torch.where(key.isnan() | (key == float("-inf")), -1e300, key)
-    picks = []
-    for _ in range(k):
-        pick = key.argmax(dim=-1, keepdim=True)
-        picks.append(pick)
-        key = key.scatter(-1, pick, float("-inf"))
-    ids = torch.cat(picks, dim=-1)
+    key = torch.nan_to_num(values.double(), nan=-1e300, neginf=-1e300, posinf=float("inf"))
+    picks = [key.argmax(dim=-1, keepdim=True)]
+    for _ in range(k - 1):
+        key = key.scatter(-1, picks[-1], float("-inf"))
+        picks.append(key.argmax(dim=-1, keepdim=True))
+    ids = picks[0] if k == 1 else torch.cat(picks, dim=-1)
     return ids, torch.log_softmax(values, dim=-1).gather(-1, ids)
 
 
