@@ -125,7 +125,7 @@ def move_path_kv(caches, path, counts, lens, block_table, block_size: int) -> No
     rows = torch.arange(path.shape[0], device=path.device)[:, None].expand(-1, depth)
     src = slots_of(lens[:, None] + torch.where(moved, path[:, 1:], levels), rows, block_table, block_size)
     dst = slots_of(lens[:, None] + levels, rows, block_table, block_size)
-    tree_commit_kv(list(caches), src.contiguous(), dst.contiguous())
+    tree_commit_kv(caches, src.contiguous(), dst.contiguous())
 
 
 def sibling_rank(parents: torch.Tensor) -> torch.Tensor:
