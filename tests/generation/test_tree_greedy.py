@@ -159,12 +159,20 @@ def test_a_tree_shallower_than_its_depth_keeps_the_draft_kv_near_max_model_len(p
                                    atol=1e-5, rtol=1e-5, msg=lambda m, layer=layer: f"draft layer {layer}: {m}")  # fmt: skip
 
 
-def test_refusals(pair):
+def test_refusals(pair, build):
     target, head = pair
     with pytest.raises(ValueError, match="TreeShape"):
         TreeSpeculativeDecoder(target, None, (3, 2, 6))
     with pytest.raises(ValueError, match="EagleProposer"):
         TreeSpeculativeDecoder(target, None, TreeShape(3, 2, 6))
+    # Proposers that draft chains only: an MTP head, a multi-layer MTP proposer.
+    small = build.make_target(num_layers=1)
+    for kind, method in (("mtp", "'mtp'"), ("multi_layer", "'mtp'")):
+        proposer = build.make_proposer(kind, small, 2, max_model_len=32)
+        with pytest.raises(
+            ValueError, match=f"EAGLE-1 or EAGLE-3 head.*{type(proposer).__name__} with method {method}"
+        ):
+            TreeSpeculativeDecoder(small, proposer, TreeShape(3, 2, 6))
 
 
 def test_a_thousand_iterations_compile_once(pair):

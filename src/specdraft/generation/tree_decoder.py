@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.ops import tree_commit_kv, tree_verify
-from specdraft.proposers import AutoregressiveSpeculator
+from specdraft.proposers import Proposer
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 from . import checks
@@ -159,12 +159,12 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         check_tree_shape("tree", tree)
-        if proposer is None or not hasattr(proposer, "propose_tree"):
-            raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head) or an "
-                             "AutoregressiveSpeculator")  # fmt: skip
-        if not isinstance(proposer, AutoregressiveSpeculator) and proposer.config.method not in ("eagle", "eagle3"):
-            raise ValueError(f"proposer: draft trees need an EAGLE-1 or EAGLE-3 head, got method "
-                             f"{proposer.config.method!r}")  # fmt: skip
+        if not (isinstance(proposer, Proposer) and proposer.drafts_trees):
+            got = type(proposer).__name__
+            if isinstance(proposer, Proposer):
+                got += f" with method {proposer.config.method!r}"
+            raise ValueError(f"proposer: draft trees need an EagleProposer with an EAGLE-1 or EAGLE-3 head, or an "
+                             f"AutoregressiveSpeculator; got {got}")  # fmt: skip
         self.tree = tree
         super().__init__(target, proposer, **kwargs)
         self.k = tree.depth  # the statistics' positions: one per tree depth
