@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 
+import specdraft
 from specdraft.assets import load_demo_pair
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
@@ -122,12 +123,56 @@ def test_topk_one_is_the_chain(pair):
     assert got.stats.request_passes.tolist() == want.stats.request_passes.tolist()
 
 
-def test_refusals(pair):
+# A tree of N nodes goes at most N - 1 deep: (8, 2, 2) drafts 8 steps and keeps one node.
+SHALLOW_TREE = TreeShape(8, 2, 2)
+NEAR_THE_END = dict(prompt=(PROMPTS[0] * 3)[:55], max_model_len=63, max_new_tokens=8)  # 55 + 8 = 63
+
+
+def test_a_tree_shallower_than_its_depth_runs_in_checked_mode_near_max_model_len(pair):
+    """SHALLOW_TREE with caches of the documented size (N - 1 positions past a
+    request) up to max_model_len: checked mode finds every pass inside the request's
+    blocks, and the output is the target's greedy decoding."""
+    target, head = pair
+    run = NEAR_THE_END
+    decoder = tree_decoder(target, head, SHALLOW_TREE, 1, max_model_len=run["max_model_len"])
+    with specdraft.checked():
+        result = decoder.generate([run["prompt"]], max_new_tokens=run["max_new_tokens"])
+    want = greedy_decode(target, run["prompt"], run["max_new_tokens"], max_model_len=run["max_model_len"])
+    assert result.tokens[0].tolist() == want
+
+
+def test_a_tree_shallower_than_its_depth_keeps_the_draft_kv_near_max_model_len(pair):
+    """The same run unchecked: the draft KV of every committed position (prompt +
+    generated - 1) is what a decoder with room to spare (max_model_len 128) holds;
+    no draft row past the request's blocks lands on an earlier position's slot."""
+    target, head = pair
+    run = NEAR_THE_END
+    tight = tree_decoder(target, head, SHALLOW_TREE, 1, max_model_len=run["max_model_len"])
+    roomy = tree_decoder(target, head, SHALLOW_TREE, 1, max_model_len=128)
+    got = tight.generate([run["prompt"]], max_new_tokens=run["max_new_tokens"]).tokens[0].tolist()
+    want = roomy.generate([run["prompt"]], max_new_tokens=run["max_new_tokens"]).tokens[0].tolist()
+    assert got == want and len(got) == run["max_new_tokens"]
+    committed = len(run["prompt"]) + len(got) - 1
+    # One request owns blocks 0, 1, ... in order: position p is slot p in both caches.
+    for layer, (cache, reference) in enumerate(zip(tight.proposer.kv_caches, roomy.proposer.kv_caches, strict=True)):
+        torch.testing.assert_close(cache.flatten(1, 2)[:, :committed], reference.flatten(1, 2)[:, :committed],
+                                   atol=1e-5, rtol=1e-5, msg=lambda m, layer=layer: f"draft layer {layer}: {m}")  # fmt: skip
+
+
+def test_refusals(pair, build):
     target, head = pair
     with pytest.raises(ValueError, match="TreeShape"):
         TreeSpeculativeDecoder(target, None, (3, 2, 6))
     with pytest.raises(ValueError, match="EagleProposer"):
         TreeSpeculativeDecoder(target, None, TreeShape(3, 2, 6))
+    # Proposers that draft chains only: an MTP head, a multi-layer MTP proposer.
+    small = build.make_target(num_layers=1)
+    for kind, method in (("mtp", "'mtp'"), ("multi_layer", "'mtp'")):
+        proposer = build.make_proposer(kind, small, 2, max_model_len=32)
+        with pytest.raises(
+            ValueError, match=f"EAGLE-1 or EAGLE-3 head.*{type(proposer).__name__} with method {method}"
+        ):
+            TreeSpeculativeDecoder(small, proposer, TreeShape(3, 2, 6))
 
 
 def test_a_thousand_iterations_compile_once(pair):

@@ -88,6 +88,20 @@ def test_mtp_heads_are_refused():
         proposer.propose_tree(*batch.propose_args()[:5], TreeShape(depth=2, topk=2, num_verify_tokens=3))
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+def test_drafts_trees_is_what_propose_tree_accepts(method):
+    """EAGLE-1 and EAGLE-3 heads draft trees, MTP heads chains only: drafts_trees
+    says so, and propose_tree drafts for exactly the proposers it calls True."""
+    _, batch, proposer = build(method)
+    assert proposer.drafts_trees is (method != "mtp")
+    args = (*batch.propose_args()[:5], TreeShape(depth=2, topk=2, num_verify_tokens=3))
+    if method == "mtp":
+        with pytest.raises(ValueError, match="chains only"):
+            proposer.propose_tree(*args)
+    else:
+        assert proposer.propose_tree(*args).tree.tokens.shape == (len(QUERY_LENS), 3)
+
+
 def test_shape_must_be_a_tree_shape():
     _, batch, proposer = build("eagle")
     with pytest.raises(ValueError, match="TreeShape"):

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 
 from specdraft.config import SamplingParams
-from specdraft.proposers import AutoregressiveSpeculator
 
 
 def positive_int(name: str, value) -> int:
@@ -47,8 +46,8 @@ def check_proposer(proposer, target, aux_layers: tuple[int, ...], feeds_aux: boo
                 f"proposer.kv_caches[{i}]: block size {tuple(cache.shape)[2:3]} differs from "
                 f"config.block_size {block_size}"
             )
-    if isinstance(proposer, AutoregressiveSpeculator):
-        return  # a standalone LM reads no hidden states
+    if not proposer.reads_hidden:
+        return  # a standalone LM
     target_hidden = target.config.hidden_size
     if feeds_aux:
         want = 3 * head.config.target_hidden_size

@@ -56,8 +56,9 @@ class SpeculativeDecoder:
     attn_metadata, kv_caches, aux_layers=()) -> (final hidden after norm, aux or
     None), compute_logits(hidden), allocate_kv_caches(num_blocks, block_size),
     config.vocab_size / hidden_size / num_layers. The draft reads the target's final
-    hidden state (EAGLE-1, MTP) or its aux hidden states (config.method == "eagle3":
-    aux_layers, default default_aux_layers(num_layers), concatenated).
+    hidden state (EAGLE-1, MTP) or, when its head's reads_aux_hidden_states is True
+    (EAGLE-3), its aux hidden states (aux_layers, default
+    default_aux_layers(num_layers), concatenated).
 
     max_model_len, block_size: the proposer's config (pass them only for plain
     decoding; a value that differs from the config is an error). compile: False, True
@@ -95,7 +96,7 @@ class SpeculativeDecoder:
                         f"{name}: {value} differs from the proposer's config.{name} {getattr(config, name)}"
                     )
             max_model_len, block_size = config.max_model_len, config.block_size
-            self.feeds_aux = config.method == "eagle3"
+            self.feeds_aux = proposer.reads_hidden and proposer.model.reads_aux_hidden_states
             self.k = proposer.num_speculative_tokens
         else:
             if max_model_len is None:

@@ -3,7 +3,7 @@
     verify_tree   the target over the N tree nodes of every request (ancestor mask, paged KV)
     walk          the longest root-to-leaf path the target agrees with, and the bonus token after it
     commit        the path's KV moved to the slots a chain would have written; the state's commit
-    draft         propose_tree over the accepted path (padded to depth + 1 rows)
+    draft         propose_tree over the accepted path (padded to path_depth + 1 rows)
 
 all tensors, static in (B, depth, topk, N), no host sync: `torch.compile(decoder.iteration,
 fullgraph=True)` traces it whole, as for chains (decoder.py).
@@ -15,6 +15,14 @@ lens + its index to lens + d, so the cache holds exactly what a chain of those
 tokens would have written; rejected nodes' KV lies past the new lens, where nothing
 reads it and the next pass overwrites it. The draft's cache needs no move: its first
 pass rewrites the path's positions.
+
+Reach. A tree of N nodes goes at most N - 1 deep, so an accepted path has at most
+path_depth = min(depth, N - 1) nodes below the root, and the draft's window holds
+path_depth + 1 rows at lens .. lens + path_depth. Both passes stay within N - 1
+positions past a request's length, which is what the block table reserves
+(num_kv_blocks with N - 1); a window of depth + 1 rows would not when depth > N - 1
+(e.g. TreeShape(8, 2, 2)): near max_model_len its rows past the table would land
+on the request's last block, over its own draft KV.
 
 Greedy verification is lossless: the emitted tokens are the target's argmax chain
 (every accepted node equals the target's argmax at its parent; the bonus token is
@@ -35,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.ops import tree_commit_kv, tree_verify
-from specdraft.proposers import AutoregressiveSpeculator
+from specdraft.proposers import Proposer
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 from . import checks
@@ -59,11 +67,12 @@ class TreeDecodeState(DecodeState):
 
 class TreeVerified(NamedTuple):
     """What the draft half needs from the verify half: the accepted path of every
-    request as a window of depth + 1 rows (root, accepted nodes, then padding)."""
+    request as a window of path_depth + 1 rows (root, accepted nodes, then padding;
+    module docstring: Reach)."""
 
-    token_ids: torch.Tensor  # [B * (depth + 1)] int32
-    positions: torch.Tensor  # [B * (depth + 1)] int64
-    hidden_states: torch.Tensor  # [B * (depth + 1), H]: what the draft reads at the path's nodes
+    token_ids: torch.Tensor  # [B * (path_depth + 1)] int32
+    positions: torch.Tensor  # [B * (path_depth + 1)] int64
+    hidden_states: torch.Tensor  # [B * (path_depth + 1), H]: what the draft reads at the path's nodes
     counts: torch.Tensor  # [B] int64: accepted drafts
     bonus: torch.Tensor  # [B] int32: the target's token after the path
     lens: torch.Tensor  # [B] int64, before this pass
@@ -142,22 +151,26 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     EAGLE-1 or EAGLE-3 head, or an AutoregressiveSpeculator (a standalone draft LM,
     whose window pass rewrites the accepted path's draft KV as an EAGLE head's first
     pass does). The KV caches (target and draft) need
-    num_kv_blocks(B, max_model_len, num_verify_tokens - 1, block_size) blocks: a pass
-    writes N nodes past a request's length. An all-greedy batch verifies by the
+    num_kv_blocks(B, max_model_len, num_verify_tokens - 1, block_size) blocks: a verify
+    pass writes N nodes from a request's length on, a draft pass at most as many
+    (module docstring: Reach). An all-greedy batch verifies by the
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
     tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         check_tree_shape("tree", tree)
-        if proposer is None or not hasattr(proposer, "propose_tree"):
-            raise ValueError("proposer: draft trees need an EagleProposer (EAGLE-1 or EAGLE-3 head) or an "
-                             "AutoregressiveSpeculator")  # fmt: skip
-        if not isinstance(proposer, AutoregressiveSpeculator) and proposer.config.method not in ("eagle", "eagle3"):
-            raise ValueError(f"proposer: draft trees need an EAGLE-1 or EAGLE-3 head, got method "
-                             f"{proposer.config.method!r}")  # fmt: skip
+        if not (isinstance(proposer, Proposer) and proposer.drafts_trees):
+            got = type(proposer).__name__
+            if isinstance(proposer, Proposer):
+                got += f" with method {proposer.config.method!r}"
+            raise ValueError(f"proposer: draft trees need an EagleProposer with an EAGLE-1 or EAGLE-3 head, or an "
+                             f"AutoregressiveSpeculator; got {got}")  # fmt: skip
         self.tree = tree
         super().__init__(target, proposer, **kwargs)
-        self.k = tree.depth  # accepted drafts per pass, at most: the statistics' positions
+        self.k = tree.depth  # the statistics' positions: one per tree depth
+        self.path_depth = min(tree.depth, tree.num_verify_tokens - 1)  # accepted drafts per pass, at most
+        # The verify pass writes N - 1 positions past a request's length, the draft's
+        # window path_depth <= N - 1 (module docstring: Reach).
         self.blocks_per_request = checks.blocks_per_request(self.max_model_len, tree.num_verify_tokens - 1,
                                                             self.block_size)  # fmt: skip
         self.reach = self.blocks_per_request * self.block_size
@@ -183,15 +196,15 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     def draft(self, state: TreeDecodeState, verified: TreeVerified, requests: Requests) -> TreeDecodeState:
         """propose_tree over each request's accepted path: rows 0 .. counts are the
-        root and the accepted nodes, the rest padding (num_rejected_tokens); the
-        bonus token is the next token."""
-        width = self.tree.depth + 1
+        root and the accepted nodes, the rest of the path_depth + 1 rows padding
+        (num_rejected_tokens); the bonus token is the next token."""
+        width = self.path_depth + 1
         _, metadata = window_batch(verified.lens, width, requests.block_table, self.block_size, self.reach)
         rows = torch.arange(verified.lens.shape[0], device=verified.lens.device) * width
         out = self.proposer.propose_tree(
             verified.token_ids, verified.positions, verified.hidden_states, verified.bonus, metadata, self.tree,
             token_indices_to_sample=(rows + verified.counts).to(torch.int32),
-            num_rejected_tokens=(self.tree.depth - verified.counts).to(torch.int32),
+            num_rejected_tokens=(self.path_depth - verified.counts).to(torch.int32),
         )  # fmt: skip
         return self.with_tree(state, out.tree, state.sibling_ranks)
 
@@ -220,10 +233,11 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         )
         committed = commit(state, walk.tokens, walk.counts.to(torch.int32), requests)
         committed = dataclasses.replace(committed, sibling_ranks=state.sibling_ranks + rank_counts)
-        width = depth + 1
-        hidden_rows = (torch.arange(num_reqs, device=device)[:, None] * n + walk.path).reshape(-1)
+        width = self.path_depth + 1
+        path = walk.path[:, :width]  # the columns past path_depth are always the root (0): no path goes deeper
+        hidden_rows = (torch.arange(num_reqs, device=device)[:, None] * n + path).reshape(-1)
         verified = TreeVerified(
-            token_ids=tokens.gather(1, walk.path).reshape(-1).to(torch.int32),
+            token_ids=tokens.gather(1, path).reshape(-1).to(torch.int32),
             positions=(state.lens[:, None] + torch.arange(width, device=device)).reshape(-1),
             hidden_states=draft_hidden.index_select(0, hidden_rows),
             counts=walk.counts,

@@ -152,6 +152,11 @@ class AutoregressiveSpeculator(Proposer):
         self.advance_draft_positions = advance_draft_positions
 
     @property
+    def drafts_trees(self) -> bool:
+        """A standalone LM drafts trees (`propose_tree`, specdraft.proposers.tree_lm)."""
+        return True
+
+    @property
     def draft_steps(self) -> int:
         """The next token at the kept length, then K - 1 steps (or one slot, held)."""
         return self.num_speculative_tokens if self.advance_draft_positions else 1

@@ -63,7 +63,8 @@ class Proposer:
     metadata, sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None),
     bundle those arguments into a TargetWindow and pass it through `checked_window`
     first; what differs between proposers is read from `reads_hidden`,
-    `table_block_size`, `draft_steps` and `kv_groups`.
+    `table_block_size`, `draft_steps` and `kv_groups`. `drafts_trees` says whether
+    the proposer also drafts EAGLE-2 trees (`propose_tree`).
 
     Every propose path runs under `torch.no_grad()`, whatever the caller's grad mode:
     drafting is never differentiable, so a compiled propose called between a training
@@ -98,6 +99,12 @@ class Proposer:
 
     # False for a draft that ignores target_hidden_states (a standalone draft LM).
     reads_hidden = True
+
+    @property
+    def drafts_trees(self) -> bool:
+        """Whether the proposer drafts EAGLE-2 trees (`propose_tree`); the tree decoder
+        and propose_tree refuse one that does not."""
+        return False
 
     @property
     def table_block_size(self) -> int:

@@ -104,6 +104,12 @@ class EagleProposer(Proposer):
                                       max_model_len=self.config.max_model_len),
         )  # fmt: skip
 
+    @property
+    def drafts_trees(self) -> bool:
+        """EAGLE-1 and EAGLE-3 heads draft trees (the EAGLE loop's step, fed a frontier);
+        MTP heads draft chains only."""
+        return self.config.method != "mtp" and self.model.draft_loop == "eagle"
+
     @torch.no_grad()
     def propose_tree(
         self,
@@ -122,7 +128,7 @@ class EagleProposer(Proposer):
         window arguments as `propose`, then shape (depth, topk, num_verify_tokens).
         EAGLE-1 and EAGLE-3 heads; MTP heads draft chains only. The tree's children
         are the draft's topk likeliest tokens, so there is no sampling to seed."""
-        if self.config.method == "mtp" or self.model.draft_loop != "eagle":
+        if not self.drafts_trees:
             raise ValueError(f"draft trees need an EAGLE-1 or EAGLE-3 head; method {self.config.method!r} drafts "
                              "chains only (propose)")  # fmt: skip
         check_tree_shape("shape", shape)

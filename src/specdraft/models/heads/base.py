@@ -61,6 +61,12 @@ class DraftHead(nn.Module):
         return self.config.hidden_size
 
     @property
+    def reads_aux_hidden_states(self) -> bool:
+        """Whether the head reads the target's aux layers' hidden states (EAGLE-3),
+        rather than its final hidden state."""
+        return False
+
+    @property
     def draft_vocab_size(self) -> int:
         return self.config.vocab_size
 

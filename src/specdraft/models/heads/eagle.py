@@ -108,6 +108,10 @@ class Eagle3Head(DraftHead):
         return 3 * self.config.target_hidden_size
 
     @property
+    def reads_aux_hidden_states(self) -> bool:
+        return True
+
+    @property
     def draft_vocab_size(self) -> int:
         return self.config.draft_vocab_size
 
