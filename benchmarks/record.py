@@ -19,6 +19,7 @@ goes: $BENCH_RESULTS if set (on the device machine: BENCH_RESULTS=$OUT, then app
 the files to the committed tables), else benchmarks/results/.
 
     python benchmarks/record.py show tree_batch      # the newest rows as a markdown table
+    python benchmarks/record.py append FOLDER        # FOLDER/<table>.jsonl (a device run's) onto the tables
 """
 
 from __future__ import annotations
@@ -170,15 +171,37 @@ def markdown(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
+def check_row(row: Mapping) -> None:
+    """Raise ValueError unless `row` has exactly ROW_KEYS, config and metrics as mappings."""
+    if tuple(row) != ROW_KEYS:
+        raise ValueError(f"row keys {tuple(row)}, want {ROW_KEYS}")
+    if not isinstance(row["config"], Mapping) or not isinstance(row["metrics"], Mapping):
+        raise ValueError("config and metrics must be mappings")
+
+
+def append_folder(folder: pathlib.Path) -> None:
+    """Append every FOLDER/<table>.jsonl to benchmarks/results/<table>.jsonl, each row checked first."""
+    for path in sorted(folder.glob("*.jsonl")):
+        rows = read_rows(path.stem, folder)
+        for row in rows:
+            check_row(row)
+        with table_path(path.stem, RESULTS).open("a") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        print(f"{path.stem}: {len(rows)} rows")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Show a benchmark table's newest rows.")
-    parser.add_argument("command", choices=["show", "list"])
-    parser.add_argument("table", nargs="?")
+    parser = argparse.ArgumentParser(description="Show a benchmark table's newest rows; append a run's rows.")
+    parser.add_argument("command", choices=["show", "list", "append"])
+    parser.add_argument("table", nargs="?", help="show: the table's name; append: the folder of a run's tables")
     parser.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE", help="only rows whose config matches")
     parser.add_argument("--all", action="store_true", help="every row, not just each configuration's newest")
     args = parser.parse_args(argv)
+    if args.command == "append":
+        append_folder(pathlib.Path(args.table))
+        return 0
     if args.command == "list" or not args.table:
         print("\n".join(tables()))
         return 0
