@@ -153,21 +153,24 @@ def latest(rows: Iterable[Mapping]) -> list[Mapping]:
     return sorted(newest.values(), key=lambda r: first_seen[json.dumps(r["config"], sort_keys=True)])
 
 
-def markdown(rows: Sequence[Mapping]) -> str:
-    """Rows as a markdown table: config columns, then metrics, then device and commit."""
+def markdown(rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> str:
+    """Rows as a markdown table: config columns, then metrics, then device and commit;
+    or just `columns` (config or metrics keys)."""
 
     def cell(v):
         if isinstance(v, float):
-            return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.1f}"
+            return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3f}".rstrip("0").removesuffix(".") + (".0" * v.is_integer())
+        if isinstance(v, list):
+            return " / ".join(cell(x) for x in v)
         return "" if v is None else str(v)
 
-    config = list(dict.fromkeys(k for r in rows for k in r["config"]))
-    metrics = list(dict.fromkeys(k for r in rows for k in r["metrics"]))
-    headers = config + metrics + ["device", "commit"]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    if columns is None:
+        columns = [*dict.fromkeys(k for r in rows for k in r["config"]),
+                   *dict.fromkeys(k for r in rows for k in r["metrics"]), "device", "commit"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        cells = [r["config"].get(k) for k in config] + [r["metrics"].get(k) for k in metrics]
-        lines.append("| " + " | ".join(cell(v) for v in cells + [r["device"], r["commit"]]) + " |")
+        values = [r["config"].get(k, r["metrics"].get(k, r.get(k))) for k in columns]
+        lines.append("| " + " | ".join(cell(v) for v in values) + " |")
     return "\n".join(lines)
 
 
@@ -198,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("table", nargs="?", help="show: the table's name; append: the folder of a run's tables")
     parser.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE", help="only rows whose config matches")
     parser.add_argument("--all", action="store_true", help="every row, not just each configuration's newest")
+    parser.add_argument("--columns", nargs="+", help="just these config / metrics keys")
     args = parser.parse_args(argv)
     if args.command == "append":
         append_folder(pathlib.Path(args.table))
@@ -209,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for clause in args.where:
         key, _, value = clause.partition("=")
         rows = [r for r in rows if str(r["config"].get(key)) == value]
-    print(markdown(rows if args.all else latest(rows)))
+    print(markdown(rows if args.all else latest(rows), args.columns))
     return 0
 
 
