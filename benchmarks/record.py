@@ -15,8 +15,9 @@ Every row has the same keys (ROW_KEYS):
 Benches append rows with `append_rows` (or `append_table`, from a markdown table's
 headers and rows); rows are never rewritten, so a table is the history of its
 measurements and `latest` picks the newest row of each configuration. Where a row
-goes: $BENCH_RESULTS if set (on the device machine: BENCH_RESULTS=$OUT, then append
-the files to the committed tables), else benchmarks/results/.
+goes: $BENCH_RESULTS if set (scripts/gpu_setup.sh sets $OUT/results on the device
+machine; `append` then adds them to the committed tables), else benchmarks/results/.
+A checkout without its git history records $BENCH_COMMIT as the commit, if set.
 
     python benchmarks/record.py show tree_batch      # the newest rows as a markdown table
     python benchmarks/record.py append FOLDER        # FOLDER/<table>.jsonl (a device run's) onto the tables
@@ -56,13 +57,14 @@ def slug(header: str) -> str:
 
 
 def commit() -> str:
-    """The checkout's commit (short hash, "-dirty" with uncommitted changes), or "unknown"."""
+    """The checkout's commit (short hash, "-dirty" with uncommitted changes), else
+    $BENCH_COMMIT, else "unknown"."""
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
                              text=True, cwd=RESULTS.parent, timeout=10, check=True)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        return UNKNOWN
-    return out.stdout.strip() or UNKNOWN
+        return os.environ.get("BENCH_COMMIT", UNKNOWN)
+    return out.stdout.strip() or os.environ.get("BENCH_COMMIT", UNKNOWN)
 
 
 def environment(device: str | None = None) -> dict:
