@@ -2,6 +2,7 @@
 #              the wheel smoke step, the CPU suites, then the Triton-interpreter suite.
 # make demo  : the main job, compiled, on a small batch.
 # make gpu-test : the same suites with CUDA tensors, system python, no network.
+# make gpu-bench : the op, model and propose benches; rows appended to benchmarks/results/.
 #
 # Lanes are chosen by marker alone, over all of tests/ (see tests/conftest.py):
 # interpreter / kernel / cuda. docs/design.md explains them.
@@ -18,7 +19,7 @@ PYTEST_FLAGS ?= -q
 XDIST ?= -n 2 --dist loadfile
 STAMP := $(VENV)/.specdraft-installed
 
-.PHONY: install lint wheel-smoke test test-cpu test-interpreter demo gpu-test gpu-bench clean
+.PHONY: install lint wheel-smoke test test-cpu test-interpreter demo gpu-test gpu-bench bench-plot clean
 
 # torch goes in first and pinned: a plain `torch` requirement in a fresh venv would
 # pull the registry's newest build with several GB of CUDA packages.
@@ -75,6 +76,10 @@ gpu-bench:
 	$(PYTHON) benchmarks/bench_models.py
 	$(PYTHON) benchmarks/bench_propose.py --k 3
 	$(PYTHON) benchmarks/bench_propose.py --k 5
+
+# The PNGs of benchmarks/results/ from its tables (matplotlib: the plot extra).
+bench-plot: $(STAMP)
+	$(PY) benchmarks/plot.py
 
 clean:
 	rm -rf $(VENV) $(SMOKE_VENV) build *.egg-info src/*.egg-info .hypothesis .pytest_cache .ruff_cache

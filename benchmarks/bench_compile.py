@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from record import append_table
+
 CHILD = "--child"
 
 
@@ -214,6 +216,11 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(headers))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    label = "inductor defaults" if args.inductor_defaults else "demo"
+    config = {"device_kind": args.device, "shape": args.shape,
+              "options": label + (" + caching_precompile" if args.precompile else "")}  # fmt: skip
+    append_table("compile", headers, rows, config_columns=1, config=config,
+                 device=torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)")  # fmt: skip
 
 
 if __name__ == "__main__":

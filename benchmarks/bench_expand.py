@@ -11,6 +11,7 @@ import sys
 
 import torch
 from harness import device_name, emit, empty_kernel_us, markdown_table, time_us
+from record import append_table
 
 import specdraft.ops.copy_and_expand as ce
 import specdraft.ops.parallel_drafting as pd
@@ -119,6 +120,7 @@ def bench_op(name, make_runners, empty_us):
         print(name, rows[-1], flush=True)
     headers = ["B", "layout", "T_in", "triton op µs", "eager ref µs", "compile(ref) µs", "empty kernel µs",
                "op / empty", "compile(ref) / op"]  # fmt: skip
+    append_table("expand", headers, rows, config_columns=3, config={"op": name})
     return f"### {name}\n\n" + markdown_table(headers, rows)
 
 

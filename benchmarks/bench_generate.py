@@ -31,6 +31,7 @@ import sys
 import time
 
 import torch
+from record import append_table
 
 from specdraft.assets import load_demo_pair
 from specdraft.config import SamplingParams, SpeculativeConfig
@@ -205,6 +206,9 @@ def demo_pair_section(dev: Device, budget: Budget, ks, batch_sizes, samplings, m
                 log(f"demo pair B={num_reqs} K={k} {label[2]}: plain {plain_tps:.0f} tok/s, speculative "
                     f"{spec_tps:.0f} tok/s ({budget.spent():.0f} s)")  # fmt: skip
     headers = ["B", "K", "sampling", "plain tok/s", "speculative tok/s", "speedup", "acceptance length", "passes"]
+    if not dev.smoke:
+        append_table("generate", headers, [r for r in rows if not isinstance(r[3], str)], config_columns=3,
+                     config={"pair": "demo", "max_new_tokens": max_new_tokens})  # fmt: skip
     return (
         f"Demo pair (4 x 256 target + EAGLE-3 head, fp32), {max_new_tokens} new tokens per request, "
         f"max_model_len {max_model_len}; decode tokens/s\n\n" + table(headers, rows)
@@ -339,6 +343,9 @@ def llama8b_section(dev: Device, budget: Budget, k: int, batch_sizes, num_layers
         log(f"8B-shaped B={num_reqs}: iteration {iteration_us:.0f} µs, floor {floor:.0f} µs ({budget.spent():.0f} s)")
     headers = ["B", "iteration µs", "floor µs", "iteration / floor", "target fwd µs", "draft first pass µs",
                "draft step µs"]  # fmt: skip
+    if not dev.smoke:
+        append_table("generate_8b", headers, [r for r in rows if not isinstance(r[1], str)], config_columns=1,
+                     config={"target": f"8B-shaped, {num_layers} of 32 layers", "K": k})  # fmt: skip
     text = (
         f"Llama-3-8B-shaped target with {num_layers} decoder layers (of 32; {target.config.dtype}, random weights, hidden "
         f"{target.config.hidden_size}, {target.config.num_heads}/{target.config.num_kv_heads} heads, intermediate "

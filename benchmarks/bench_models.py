@@ -9,6 +9,7 @@ vocabulary of 128k) eager vs torch.compile(fullgraph=True).
 import torch
 import torch.nn.functional as F
 from harness import compiled, device_name, emit, markdown_table, time_us
+from record import append_table
 
 from specdraft.layout import BatchMetadata
 from specdraft.models import DraftModelConfig, Eagle3Head, paged_attention
@@ -78,12 +79,16 @@ def main():
     print(f"# {device_name()}\n")
     attn = []
     bench_attention(attn)
-    emit("models_paged_attention", "## Paged attention, decode (bf16, 32/8 heads, head_dim 128, block 16), µs\n\n"
-         + markdown_table(["batch", "eager", "torch.compile", "dense SDPA (yardstick)"], attn))  # fmt: skip
+    headers = ["batch", "eager µs", "torch.compile µs", "dense SDPA (yardstick) µs"]
+    emit("models_paged_attention", "## Paged attention, decode (bf16, 32/8 heads, head_dim 128, block 16)\n\n"
+         + markdown_table(headers, attn))  # fmt: skip
+    append_table("models_paged_attention", headers, attn, config_columns=1)
     head = []
     bench_eagle3(head)
-    emit("models_eagle3_step", "## EAGLE-3 head decode step (8B-sized, bf16, draft-vocab argmax), µs\n\n"
-         + markdown_table(["batch", "eager", "torch.compile"], head))  # fmt: skip
+    headers = ["batch", "eager µs", "torch.compile µs"]
+    emit("models_eagle3_step", "## EAGLE-3 head decode step (8B-sized, bf16, draft-vocab argmax)\n\n"
+         + markdown_table(headers, head))  # fmt: skip
+    append_table("models_eagle3_step", headers, head, config_columns=1)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ kernel at B <= 64, never slower than torch.compile(reference).
 
 import torch
 from harness import device_name, emit, empty_kernel_us, load_store_kernel_us, markdown_table, time_us
+from record import append_table
 
 import specdraft.ops.prepare_eagle as pe
 import specdraft.ops.prepare_inputs as pi
@@ -133,6 +134,7 @@ def main():
         f"{PADDING} padding slots; times are CUDA-graph replays (median).\n\n" + markdown_table(headers, rows)
     )
     emit("prepare_and_step", text)
+    append_table("prepare_and_step", headers, rows, config_columns=2)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 
 import torch
 from harness import device_name, emit, markdown_table
+from record import append_table
 from triton.testing import do_bench
 
 from specdraft.config import SpeculativeConfig
@@ -125,6 +126,7 @@ def main():
     emit(f"propose_k{'_'.join(map(str, opts.k))}",
          f"Device: {device_name()}. Llama-3-8B-shaped EAGLE head, bf16, greedy, context {CONTEXT}.\n\n"
          + markdown_table(headers, rows))  # fmt: skip
+    append_table("propose", headers, rows, config_columns=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import sys
 
 import torch
 from harness import copy_bandwidth_gbs, device_name, emit, empty_kernel_us, gbs, markdown_table, time_us
+from record import append_table
 
 from specdraft.ops import draft_sample, rejection_sample
 from specdraft.ops.sampling.draft import draft_sample_reference, draft_sample_store_reference
@@ -62,6 +63,7 @@ def bench_draft(copy_gbs: float) -> str:
             ])  # fmt: skip
     headers = ["V", "B", "op µs", "eager ref µs", "compiled ref µs", "op GB/s (logits read)", "% of copy",
                "op + probs write µs", "compiled ref + probs µs"]  # fmt: skip
+    append_table("sampling", headers, rows, config_columns=2, config={"op": "draft_sample"})
     return "### draft_sample (bf16 logits, T = 1)\n\n" + markdown_table(headers, rows)
 
 
@@ -88,6 +90,7 @@ def bench_rejection(copy_gbs: float) -> str:
                          one_hot_us])  # fmt: skip
     headers = ["V", "B", "op µs", "eager ref µs", "compiled ref µs", "op GB/s (bytes it must read)", "% of copy",
                "op, one-hot q µs"]  # fmt: skip
+    append_table("sampling", headers, rows, config_columns=2, config={"op": "rejection_sample"})
     return f"### rejection_sample (K = {NUM_SPEC}, bf16 target logits, fp32 draft probs, T = 1)\n\n" + markdown_table(
         headers, rows
     )
@@ -113,6 +116,7 @@ def sweep_draft_tiles(copy_gbs: float) -> str:
                              100 * gbs(read, us) / copy_gbs])  # fmt: skip
         ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS = defaults
     headers = ["logits", "sampling", "CHUNK_V", "DRAFT_BLOCK_V", "num_warps", "µs", "% of copy"]
+    append_table("sampling_tiles", headers, rows, config_columns=5, config={"V": 152_064, "B": 256})
     return "### draft_sample tiles (V = 152064, B = 256)\n\n" + markdown_table(headers, rows)
 
 

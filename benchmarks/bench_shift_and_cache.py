@@ -9,6 +9,7 @@ import argparse
 
 import torch
 from harness import copy_bandwidth_gbs, device_name, emit, gbs, markdown_table, time_us
+from record import append_table
 
 import specdraft.ops.shift_and_cache as sc
 
@@ -100,6 +101,7 @@ def main():
         + markdown_table(headers, rows)
     )
     emit("shift_and_cache", text)
+    append_table("shift_and_cache", headers, rows, config_columns=3)
 
     if opts.tiles:
         tile_rows = []
@@ -111,7 +113,10 @@ def main():
             tile_rows.append([bt, bh, warps, us, gbs(2 * src.numel() * 2, us)])
             del src, dst, cache
             torch.cuda.empty_cache()
-        emit("shift_tiles", markdown_table(["BLOCK_TOKENS", "BLOCK_HIDDEN", "num_warps", "µs", "GB/s"], tile_rows))
+        tile_headers = ["BLOCK_TOKENS", "BLOCK_HIDDEN", "num_warps", "µs", "GB/s"]
+        emit("shift_tiles", markdown_table(tile_headers, tile_rows))
+        append_table("shift_and_cache_tiles", tile_headers, tile_rows, config_columns=3,
+                     config={"B": 512, "window": 1024, "hidden": 7168})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ sampled run is not a distribution; tests/generation/test_tree_sampling.py checks
     python benchmarks/bench_tree.py --smoke               # CPU, eager, two rows: checks the script
     python benchmarks/bench_tree.py --json out.json
 
+Each run appends its rows to the `tree` table (benchmarks/record.py; not with --smoke).
+
 Rows run in order of importance under --budget-s (default 400 s; each configuration
 compiles its own graph); the rest are printed as skipped. A row that raises records
 its error class and the bench goes on.
@@ -24,6 +26,7 @@ import sys
 import time
 
 import torch
+from record import append_rows
 
 from specdraft.config import SamplingParams
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -75,6 +78,9 @@ def decode_all(decoder, prompts, max_new_tokens: int, temperature: float = 0.0):
         decoded += int((stats.num_generated - 1).clamp(min=0).sum())
         seconds += float(stats.decode_time_s)
     return tokens, passes, accepted, decoded, seconds
+
+
+CONFIG_KEYS = ("drafts", "depth", "topk", "N")
 
 
 def main() -> int:
@@ -140,6 +146,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "plain_decode_tokens_per_s": plain_rate, "rows": rows}, f, indent=1)
+    if not args.smoke:
+        config = {"B": 1, "temperature": args.temperature, "eager": compile is False, "max_new_tokens": max_new}
+        append_rows("tree", [({**{k: r[k] for k in CONFIG_KEYS}, **config},
+                              {**{k: v for k, v in r.items() if k not in CONFIG_KEYS},
+                               "plain_decode_tokens_per_s": plain_rate}) for r in rows], device=name)  # fmt: skip
     return 0 if all(r["lossless"] is not False for r in rows) else 1
 
 

@@ -5,7 +5,8 @@ The target has all 32 decoder layers of Llama-3-8B's shape (bf16, random weights
 hidden 4096, 32 / 8 heads, intermediate 14336, vocab 128256: 16 GB) and the draft is
 the 8B-shaped EAGLE-3 head (draft vocabulary 32000). Random weights accept nothing
 worth measuring, so acceptance lengths come from the demo pair's measured table
-(--acceptance, the JSON of bench_tree.py; default: the committed H200 run). Three
+(--acceptance: the `tree` table of benchmarks/results, or bench_tree.py --json files;
+default: the table's greedy compiled rows, newest last). Three
 tables:
 
 1. target verify: the target's forward (with its logits) over N tokens of one
@@ -35,6 +36,7 @@ from statistics import median
 import torch
 from bench_generate import BLOCK_SIZE, Budget, Device, build_8b, floor_fns, kernel_list, log, table, warmed_iteration
 from bench_tree import drafts_of
+from record import RESULTS, append_rows, read_rows, table_path
 
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
@@ -43,18 +45,23 @@ from specdraft.proposers import EagleProposer
 from specdraft.proposers.loop import sample_rows
 from specdraft.proposers.tree import empty_buffers, feed_frontier
 
-RESULTS = pathlib.Path(__file__).parent / "results" / "gpu_tree_h200"
-DEFAULT_ACCEPTANCE = [RESULTS / "bench_tree.json", RESULTS / "bench_tree_rest.json"]
+DEFAULT_ACCEPTANCE = [table_path("tree", RESULTS)]
 MAX_MODEL_LEN = 1024
 PROMPT_LEN = 128
 CONFIGS = ["5,1,6", "7,4,32", "5,4,32", "3,1,4", "7,1,8", "5,4,16", "7,4,16", "3,4,16"]
 
 
 def load_acceptance(paths) -> dict:
-    """(depth, topk, N) -> acceptance length, from bench_tree.py JSON files."""
+    """(depth, topk, N) -> acceptance length, from `tree` tables (.jsonl: their greedy,
+    compiled rows) or bench_tree.py JSON files; a later row replaces an earlier one."""
     lengths = {}
-    for path in paths:
-        for row in json.loads(pathlib.Path(path).read_text())["rows"]:
+    for path in map(pathlib.Path, paths):
+        if path.suffix == ".jsonl":
+            rows = [{**r["config"], **r["metrics"]} for r in read_rows(path.stem, path.parent)]
+            rows = [r for r in rows if r["temperature"] == 0 and not r["eager"]]
+        else:
+            rows = json.loads(path.read_text())["rows"]
+        for row in rows:
             lengths[(row["depth"], row["topk"], row["N"])] = row["acceptance_length"]
     return lengths
 
@@ -244,6 +251,17 @@ def iteration_section(dev: Device, budget: Budget, target, head, configs, accept
     return out
 
 
+def record(out: dict, profile: bool) -> None:
+    """Append the verify table to `tree_8b_verify`, the iterations to `tree_8b`."""
+    plain = {"plain_iteration_us": out["plain_us"]} if "plain_us" in out else {}
+    append_rows("tree_8b_verify", [({"N": int(n), "layers": out["layers"]}, {"target_fwd_us": us, **plain})
+                                   for n, us in out["verify_us"].items()], device=out["device"])  # fmt: skip
+    keys = ("drafts", "depth", "topk", "N")
+    append_rows("tree_8b", [({**{k: r[k] for k in keys}, "layers": out["layers"], "profile": profile},
+                             {**{k: v for k, v in r.items() if k not in keys and k != "rounds"}, **plain})
+                            for r in out["rows"]], device=out["device"])  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, aot_eager: a check of the script")
@@ -285,6 +303,8 @@ def main(argv=None) -> int:
         out.update(iteration_section(dev, budget, target, head, args.configs, acceptance, args.profile, args.rounds))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    if not args.smoke:
+        record(out, args.profile)
     print(f"\ntotal {budget.spent():.0f} s")
     return 0
 

@@ -8,24 +8,32 @@ specdraft.generation.default_drafts picks tree or chain by batch size from this 
     python3 benchmarks/bench_tree_batch.py                            # GPU
     python3 benchmarks/bench_tree_batch.py --batch-sizes 1 64 --configs 5,1,6 5,4,32
     python3 benchmarks/bench_tree_batch.py --smoke                    # CPU, eager, a check of the script
+    python benchmarks/bench_tree_batch.py --write-drafts   # the table's rows -> the package's DEMO_PAIR_DRAFTS
 
-Batch sizes run in the order given under --budget-s; the JSON (--json) is rewritten
-after every row, so a run cut short keeps what it measured.
+Batch sizes run in the order given under --budget-s; each row is appended to the
+`tree_batch` table (benchmarks/record.py; not with --smoke) and the JSON (--json) is
+rewritten as it is measured, so a run cut short keeps what it measured.
+--write-drafts (no GPU, nothing timed) writes the rows `DEMO_PAIR_DRAFTS` is chosen from
+(`demo_pair_rows` of the table) to src/specdraft/generation/demo_pair_drafts.json.
 """
 
 import argparse
 import json
+import pathlib
 import sys
 import time
 
 import torch
 from bench_generate import kernel_profile
 from bench_tree import drafts_of, log
+from record import RESULTS, append_rows, latest, read_rows
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
 
 CONFIGS = ["3,1,4", "5,1,6", "3,4,8", "5,4,16"]
 BATCH_SIZES = [1, 64, 8, 32, 2, 16, 4]
+CONFIG_KEYS = ("B", "drafts", "depth", "topk", "N")
+DRAFTS_FILE = pathlib.Path(__file__).resolve().parents[1] / "src" / "specdraft" / "generation" / "demo_pair_drafts.json"
 
 
 def run(decoder, prompts, max_new_tokens: int, repeats: int, profile: bool = False):
@@ -48,6 +56,28 @@ def run(decoder, prompts, max_new_tokens: int, repeats: int, profile: bool = Fal
     return [t.tolist() for t in results[median].tokens], rates[median], length, ms_per_iteration, spread
 
 
+def demo_pair_rows(rows) -> list[dict]:
+    """The rows DEMO_PAIR_DRAFTS is chosen from: each configuration's newest row, not
+    profiled; at each B only the rows of the most timed calls (medians replace single
+    calls)."""
+    rows = [r for r in latest(rows) if not r["config"]["profile"]]
+    repeats = {}
+    for r in rows:
+        repeats[r["config"]["B"]] = max(repeats.get(r["config"]["B"], 0), r["config"]["repeats"])
+    return [r for r in rows if r["config"]["repeats"] == repeats[r["config"]["B"]]]
+
+
+def write_drafts() -> int:
+    keep = ("decode_tokens_per_s", "plain_tokens_per_s", "lossless")
+    rows = [{**r["config"], **{k: r["metrics"][k] for k in keep}, **{k: r[k] for k in ("device", "commit", "date")}}
+            for r in demo_pair_rows(read_rows("tree_batch", RESULTS))]  # fmt: skip
+    rows.sort(key=lambda r: (r["B"], r["depth"], r["topk"], r["N"]))
+    lines = ",\n".join("  " + json.dumps(r) for r in rows)  # one row a line
+    DRAFTS_FILE.write_text(f'{{"source": "benchmarks/results/tree_batch.jsonl",\n "rows": [\n{lines}\n]}}\n')
+    print(f"{len(rows)} rows -> {DRAFTS_FILE}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -59,7 +89,12 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--profile", action="store_true", help="log each row's CUDA kernels (stderr)")
     parser.add_argument("--json", help="write the rows as JSON (after every row)")
+    parser.add_argument(
+        "--write-drafts", action="store_true", help=f"write {DRAFTS_FILE.name} from the table, then exit"
+    )
     args = parser.parse_args(argv)
+    if args.write_drafts:
+        return write_drafts()
     device = torch.device(args.device)
     compile = False if args.smoke else compile_options(args.device, True)
     batch_sizes, configs = ([1, 2], ["3,1,4", "3,4,8"]) if args.smoke else (args.batch_sizes, args.configs)
@@ -105,6 +140,11 @@ def main(argv=None) -> int:
                   f"{rate / plain_rate:.2f}x | {ms:.3f} | {spread:.0%} | {'yes' if got == want else 'FAIL'} |",
                   flush=True)  # fmt: skip
             log(f"B={batch} {text}: {rate:,.0f} tok/s ({time.perf_counter() - start:.0f} s)")
+            if not args.smoke:
+                config = {k: rows[-1][k] for k in CONFIG_KEYS}
+                config.update(max_new_tokens=max_new, repeats=args.repeats, profile=args.profile)
+                metrics = {k: v for k, v in rows[-1].items() if k not in CONFIG_KEYS}
+                append_rows("tree_batch", [(config, metrics)], device=name)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"device": name, "max_new_tokens": max_new, "rows": rows}, f, indent=1)

@@ -21,6 +21,7 @@ import time
 
 import torch
 from harness import device_name, emit, markdown_table
+from record import append_table
 
 from specdraft.models import DraftModelConfig, Eagle3Head
 from specdraft.testing import CompileCounts
@@ -133,9 +134,11 @@ def main():
             speedup = f"{eager['ms'] / comp['ms']:.2f}x" if "ms" in eager and "ms" in comp else "-"
             memory = f"{comp['peak_gib'] / eager['peak_gib']:.2f}" if "ms" in eager and "ms" in comp else "-"
             ratio_rows.append([name, f"{s} x {SEQ_LEN}", speedup, memory])
-    table = markdown_table(["step", "mode", "T", "K", "ms", "chains/s", "peak GiB", "compiles"], rows)
+    headers = ["step", "mode", "T", "K", "ms", "chains/s", "peak GiB", "compiles"]
+    table = markdown_table(headers, rows)
     ratios = markdown_table(["step", "T", "compiled speedup", "compiled / eager peak"], ratio_rows)
     emit("unroll", f"{device_name()}\n\n{table}\n\n{ratios}")
+    append_table("unroll", headers, rows, config_columns=4)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

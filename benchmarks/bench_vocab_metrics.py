@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+from record import append_rows, append_table, table_pairs
 
 from specdraft.ops import vocab_metrics
 
@@ -170,11 +171,21 @@ def main(argv=None) -> None:
 
     header = f"{device_name() if device == 'cuda' else 'CPU smoke run'}; T = {args.rows}, bf16 logits, temperature 1"
     headers = ["V / Vd", "implementation", "ms", "peak extra MiB", "GB/s (logits read once)", "% of copy"]
-    sections = [header, "### vocab_metrics vs plain torch\n\n" + markdown(headers, bench(args.rows, args.shapes, device, not args.no_compile))]  # fmt: skip
+    table = bench(args.rows, args.shapes, device, not args.no_compile)
+    sections = [header, "### vocab_metrics vs plain torch\n\n" + markdown(headers, table)]
+    if not args.smoke:  # "V / Vd" as two config keys
+        append_rows("vocab_metrics", [({"T": args.rows, "dtype": "bfloat16", "V": int(shape.split(" / ")[0]),
+                                        "Vd": int(shape.split(" / ")[1]), "implementation": name},
+                                       table_pairs(headers[2:], [values], 0)[0][1])
+                                      for shape, name, *values in table])  # fmt: skip
     if args.tiles:
         tile_headers = ["BLOCK_V", "num_warps", "CE/KL", "ms", "GB/s", "% of copy"]
         for vocab in sorted({v for v, _ in args.shapes}):
-            sections.append(f"### tiles (V = {vocab}, no map)\n\n" + markdown(tile_headers, sweep_tiles(args.rows, vocab, device)))  # fmt: skip
+            tiles = sweep_tiles(args.rows, vocab, device)
+            sections.append(f"### tiles (V = {vocab}, no map)\n\n" + markdown(tile_headers, tiles))
+            if not args.smoke:
+                append_table("vocab_metrics_tiles", tile_headers, tiles, config_columns=3,
+                             config={"T": args.rows, "dtype": "bfloat16", "V": vocab})  # fmt: skip
     emit("bench_vocab_metrics", "\n\n".join(sections))
 
 

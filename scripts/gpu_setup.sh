@@ -1,10 +1,12 @@
 # Sourced by the scripts/gpu_*.sh stage scripts on the device machine: OUT (the device
 # tool's output folder, or the default the caller sets first), unbuffered Python, the
-# project installed editable without dependencies, and the GPU / torch / triton
+# project installed editable without dependencies, the benches' table rows under
+# $OUT/results (BENCH_RESULTS, benchmarks/record.py), and the GPU / torch / triton
 # versions in $OUT/gpu.txt.
 set -uo pipefail
 OUT=${OUT:-$DEFAULT_OUT}
 mkdir -p "$OUT"
+export BENCH_RESULTS=${BENCH_RESULTS:-$OUT/results}
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || python3 -m pip install --no-deps --no-build-isolation -e .
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"

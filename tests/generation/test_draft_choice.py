@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from specdraft.generation.draft_choice import DEMO_PAIR_DRAFTS, choose_by_batch, default_drafts
+from specdraft.generation.draft_choice import DEMO_PAIR_DRAFTS, choose_by_batch, default_drafts, load_rows
 from specdraft.proposers import TreeShape
 
 
@@ -46,15 +46,30 @@ def test_bad_input_names_the_argument():
 
 
 def committed_rows() -> list[dict]:
-    """The committed sweep's rows; at a batch size measured both ways, the medians of
-    repeated calls (rows with a "spread") replace the single-call rows."""
-    results = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "gpu_tree_batch"
-    rows = [r for path in sorted(results.glob("bench_tree_batch_*.json")) for r in json.loads(path.read_text())["rows"]]
-    medians = {r["B"] for r in rows if "spread" in r}
-    return [r for r in rows if "spread" in r or r["B"] not in medians]
+    """The committed sweep's rows (benchmarks/results/tree_batch.jsonl, each row its
+    config and metrics merged), profiled runs left out; at a batch size measured both
+    ways, the medians of repeated calls replace the single-call rows."""
+    table = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "tree_batch.jsonl"
+    rows = [json.loads(line) for line in table.read_text().splitlines()]
+    rows = [{**r["config"], **r["metrics"]} for r in rows if not r["config"]["profile"]]
+    medians = {r["B"] for r in rows if r["repeats"] > 1}
+    return [r for r in rows if r["repeats"] > 1 or r["B"] not in medians]
 
 
 def test_the_demo_pairs_table_is_the_committed_measurements_choice():
     rows = committed_rows()
     assert sorted({r["B"] for r in rows}) == [1, 2, 4, 8, 16, 32, 64]
     assert DEMO_PAIR_DRAFTS == choose_by_batch(rows)
+    # The choice the sweep made (benchmarks/README.md, "Draft trees by batch size").
+    assert DEMO_PAIR_DRAFTS == ((1, TreeShape(3, 1, 4)), (2, None), (4, TreeShape(5, 1, 6)), (8, TreeShape(3, 4, 8)),
+                                (16, TreeShape(3, 4, 8)), (32, TreeShape(5, 4, 16)), (64, TreeShape(3, 1, 4)))  # fmt: skip
+
+
+def test_the_shipped_rows_are_the_committed_measurements():
+    """The package's rows (what DEMO_PAIR_DRAFTS is chosen from at run time) are the
+    table's, as `python benchmarks/bench_tree_batch.py --write-drafts` writes them."""
+    key = lambda r: (r["B"], r["depth"], r["topk"], r["N"])  # noqa: E731
+    fields = ("decode_tokens_per_s", "plain_tokens_per_s", "lossless")
+    want = sorted(({"key": key(r), **{f: r[f] for f in fields}} for r in committed_rows()), key=lambda r: r["key"])
+    got = sorted(({"key": key(r), **{f: r[f] for f in fields}} for r in load_rows()), key=lambda r: r["key"])
+    assert got == want

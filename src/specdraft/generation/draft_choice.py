@@ -11,14 +11,23 @@ lossless configuration if it beats plain decoding by `margin`, else none.
 `default_drafts(num_requests, table)` then reads the table at the smallest measured
 B that is at least num_requests (the largest beyond it).
 
-DEMO_PAIR_DRAFTS is that table for the shipped demo pair, measured on an H200
-(benchmarks/README.md, "Draft trees by batch size"; a test keeps it equal to
-choose_by_batch of the committed measurements).
+DEMO_PAIR_DRAFTS is that table for the shipped demo pair: choose_by_batch of the
+measured rows in demo_pair_drafts.json beside this module (H200, torch 2.11, 96 greedy
+tokens per request; at B = 1, 8, 32 and 64 the medians of three timed calls, at B = 2,
+4 and 16 single calls; at B = 2 nothing beat plain decoding). Those rows are the
+demo pair's rows of benchmarks/results/tree_batch.jsonl, written by
+
+    python benchmarks/bench_tree_batch.py --write-drafts
+
+after a sweep (`python3 benchmarks/bench_tree_batch.py` on the GPU appends to the
+table); a test keeps the two equal.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from importlib import resources
 
 from specdraft.checks import check_int_range
 from specdraft.proposers.tree_build import TreeShape
@@ -60,15 +69,9 @@ def default_drafts(num_requests: int, table: DraftsTable) -> TreeShape | None:
     return table[-1][1]
 
 
-# choose_by_batch of benchmarks/results/gpu_tree_batch/*.json (H200, torch 2.11, the
-# demo pair, 96 greedy tokens per request; at B = 1, 8, 32 and 64 the medians of three
-# timed calls, at B = 2, 4 and 16 single calls): at B = 2 nothing beat plain decoding.
-DEMO_PAIR_DRAFTS: DraftsTable = (
-    (1, TreeShape(3, 1, 4)),
-    (2, None),
-    (4, TreeShape(5, 1, 6)),
-    (8, TreeShape(3, 4, 8)),
-    (16, TreeShape(3, 4, 8)),
-    (32, TreeShape(5, 4, 16)),
-    (64, TreeShape(3, 1, 4)),
-)
+def load_rows(name: str = "demo_pair_drafts.json") -> list[dict]:
+    """The measured rows shipped beside this module (see the module docstring)."""
+    return json.loads(resources.files(__package__).joinpath(name).read_text())["rows"]
+
+
+DEMO_PAIR_DRAFTS: DraftsTable = choose_by_batch(load_rows())
