@@ -2,8 +2,8 @@
 
 Without any extra: the compile counters (`CompileCounts`, `fresh_compile`),
 `make_draft_batch` (complete `propose()` inputs) and the value checkers of the ops
-(checked mode's own, specdraft.value_checks, re-exported here; they sync with the
-host: development and tests only). With `pip install 'specdraft[testing]'`
+(checked mode's own, each beside its op in specdraft.ops, re-exported here; they
+sync with the host: development and tests only). With `pip install 'specdraft[testing]'`
 (hypothesis): the strategies of valid batch layouts and their layout types, and the
 strategies of *invalid* ones, each tagged with the rule it breaks (invalid.py).
 
@@ -14,20 +14,16 @@ raises an ImportError that names the extra.
 
 import importlib
 
+from specdraft.ops.copy_and_expand import check_copy_and_expand_values
+from specdraft.ops.parallel_drafting import check_extend_queries_values, check_new_slot_mapping_values
+from specdraft.ops.prepare_inputs import check_next_token_values, check_rejection_values
+from specdraft.ops.sampling.draft import check_draft_sample_values
+from specdraft.ops.sampling.rejection import check_rejection_sample_values
+from specdraft.ops.shift_and_cache.window import check_shift_and_cache_values
+from specdraft.ops.shift_plan import check_shift_plan_values
+from specdraft.ops.step_metadata import check_step_metadata_values
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.proposers import DraftBatch, make_draft_batch
-from specdraft.value_checks import (
-    check_copy_and_expand_values,
-    check_draft_sample_values,
-    check_extend_queries_values,
-    check_new_slot_mapping_values,
-    check_next_token_values,
-    check_rejection_sample_values,
-    check_rejection_values,
-    check_shift_and_cache_values,
-    check_shift_plan_values,
-    check_step_metadata_values,
-)
 
 # name -> the module defining it. These modules import hypothesis at the top, so all
 # of them need the extra.
