@@ -106,7 +106,7 @@ def main():
     if opts.tiles:
         tile_rows = []
         for bt, bh, warps in ((32, 256, 4), (16, 512, 4), (32, 512, 8), (64, 256, 8), (8, 1024, 4)):
-            sc.BLOCK_TOKENS_HIDDEN, sc.BLOCK_HIDDEN, sc.NUM_WARPS_HIDDEN = bt, bh, warps
+            sc.hidden.BLOCK_TOKENS_HIDDEN, sc.hidden.BLOCK_HIDDEN, sc.hidden.NUM_WARPS_HIDDEN = bt, bh, warps
             src, dst, cache, meta = make_batch(512, 1024, 7168, torch.bfloat16)
             fn = runners(src, dst, cache, meta, 1024, 7168)["triton op"]
             us = time_us(fn)

@@ -119,7 +119,7 @@ def bench(rows: int, shapes, device: str, compile_plain: bool):
 
 def sweep_tiles(rows: int, vocab: int, device: str):
     """The kernel's (BLOCK_V, num_warps) at V = vocab, no map; the module default is the first row."""
-    module = importlib.import_module("specdraft.ops.vocab_metrics")  # not the function of the same name
+    module = importlib.import_module("specdraft.ops.vocab_metrics.op")  # where the op reads its tiles
     defaults = (module.BLOCK_V, module.NUM_WARPS)
     draft, target, _, _ = make_inputs(rows, vocab, vocab, device)
     nbytes = 2 * draft.numel() * draft.element_size()

@@ -12,7 +12,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden
-from specdraft.ops.shift_and_cache import shift_and_cache_1d_reference, shift_and_cache_hidden_reference
+from specdraft.ops.shift_and_cache.hidden import shift_and_cache_hidden_reference
+from specdraft.ops.shift_and_cache.one_d import shift_and_cache_1d_reference
 from specdraft.testing import ShiftLayout, check_shift_and_cache_values, shift_layouts
 
 from specs.shift_and_cache import LONG_WINDOWS, spec_shift_and_cache

@@ -4,12 +4,9 @@ the Triton kernels bit-exact against the reference run on the same CUDA tensors.
 import pytest
 import torch
 
-from specdraft.ops.shift_and_cache import (
-    shift_and_cache_1d,
-    shift_and_cache_1d_reference,
-    shift_and_cache_hidden,
-    shift_and_cache_hidden_reference,
-)
+from specdraft.ops import shift_and_cache_1d, shift_and_cache_hidden
+from specdraft.ops.shift_and_cache.hidden import shift_and_cache_hidden_reference
+from specdraft.ops.shift_and_cache.one_d import shift_and_cache_1d_reference
 from specdraft.ops.shift_plan import shift_plan, shift_plan_reference
 
 # The Triton kernel against the reference on CUDA tensors; on CPU the op *is* the reference.

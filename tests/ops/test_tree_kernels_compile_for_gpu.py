@@ -34,7 +34,15 @@ INDEX = [torch.int32, torch.int64]
 # The modules themselves (the package exports functions of the same names).
 MODULES = [
     importlib.import_module(f"specdraft.ops.{name}")
-    for name in ("tree_structure", "sampling.tree_verify", "top_logprobs")
+    for name in (
+        "tree_structure.expand",
+        "tree_structure.select",
+        "tree_structure.ancestors",
+        "tree_structure.positions",
+        "tree_commit_kv",
+        "sampling.tree_verify",
+        "top_logprobs",
+    )
 ]
 
 

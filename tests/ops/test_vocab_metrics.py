@@ -16,7 +16,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from specdraft.ops import VocabMetrics, vocab_metrics
-from specdraft.ops.vocab_metrics import BLOCK_V, vocab_metrics_reference
+from specdraft.ops.vocab_metrics.op import BLOCK_V
+from specdraft.ops.vocab_metrics.reference import vocab_metrics_reference
 
 import specs.vocab_metrics as spec
 
@@ -212,8 +213,7 @@ def test_strided_rows_and_temperature_forms(device):
 def test_the_eager_reference_in_chunks_equals_one_chunk(monkeypatch):
     draft, target, temps, d2t = make_case(9, 11, 30, 18, temperatures=(0.0, 0.8, 1.3), neg_inf=0.2)
     whole = vocab_metrics_reference(draft, target, temps, d2t, False, True)
-    # The module, not the function specdraft.ops exports under the same name.
-    module = importlib.import_module("specdraft.ops.vocab_metrics")
+    module = importlib.import_module("specdraft.ops.vocab_metrics.reference")
     monkeypatch.setattr(module, "REFERENCE_CHUNK_ELEMENTS", 64)  # 2 rows per chunk
     chunked = vocab_metrics_reference(draft, target, temps, d2t, False, True)
     for a, b in zip(whole, chunked, strict=True):

@@ -1,9 +1,13 @@
 """The layer rule of docs/design.md, checked on the source (with `ast`, importing
 nothing):
 
-(a) the bottom layer (specdraft.layout, .checks, .checked_mode, .value_checks)
-    imports no specdraft module but its own layer; specdraft.ops imports no specdraft
-    module but ops and the bottom layer;
+(a) every module sits on one floor of docs/design.md's drawing (FLOORS, bottom
+    first: the bottom layer -> ops -> config / models -> proposers -> generation /
+    training / testing -> the command-line modules) and imports only from its own
+    floor or below. The package root (`specdraft/__init__.py`, which imports nothing
+    of specdraft at load time) may be imported from the config / models floor up; a
+    name it loads lazily (`from specdraft import adjust_input`) counts as an import
+    of the module that defines it (its EXPORTS table);
 (b) no module imports another module's underscore names: `from x import _y` (any x,
     third-party included), or `m._y` on a name bound to an imported specdraft module.
 
@@ -20,6 +24,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "specdraft"
 BOTTOM = frozenset({"specdraft.layout", "specdraft.checks", "specdraft.checked_mode", "specdraft.value_checks"})
+# docs/design.md's floors, bottom first: a module (or a package and everything in it)
+# on floor i imports specdraft modules of floors 0..i only.
+FLOORS: tuple[frozenset[str], ...] = (
+    BOTTOM,
+    frozenset({"specdraft.ops"}),
+    frozenset({"specdraft.config", "specdraft.models", "specdraft.assets"}),  # assets: the shipped pair's loaders
+    frozenset({"specdraft.proposers"}),
+    frozenset({"specdraft.generation", "specdraft.training", "specdraft.testing"}),
+    frozenset({"specdraft.demo", "specdraft.capture", "specdraft.eval", "specdraft.__main__"}),
+)
+ROOT_FROM_FLOOR = 2  # the package root may be imported from config / models up
 
 # (importing module, import as reported) pairs the rule tolerates for now. Explicit and
 # empty: add an entry only with the reason beside it, and remove it with the fix.
@@ -57,22 +72,47 @@ def resolve_from(module: str, is_package: bool, level: int, target: str | None) 
     return ".".join([*parts, target] if target else parts)
 
 
-def allowed_targets(module: str) -> frozenset[str] | None:
-    """The specdraft modules `module` may import from (prefix match), or None: any."""
-    if module in BOTTOM:
-        return BOTTOM
-    if module == "specdraft.ops" or module.startswith("specdraft.ops."):
-        return BOTTOM | {"specdraft.ops"}
+def within(target: str, allowed: frozenset[str]) -> bool:
+    """target is one of `allowed` or inside one; the package root matches only itself."""
+    return any(target == a or (a != PACKAGE and target.startswith(a + ".")) for a in allowed)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor `module` sits on; None for the package root or a module on no floor."""
+    for i, floor in enumerate(FLOORS):
+        if within(module, floor):
+            return i
     return None
 
 
-def within(target: str, allowed: frozenset[str]) -> bool:
-    return any(target == a or target.startswith(a + ".") for a in allowed)
+def allowed_targets(module: str) -> frozenset[str] | None:
+    """The specdraft modules `module` may import from (prefix match, the root
+    `specdraft` exactly), or None: any (the package root itself)."""
+    floor = floor_of(module)
+    if floor is None:
+        return None
+    allowed = frozenset().union(*FLOORS[: floor + 1])
+    return allowed | {PACKAGE} if floor >= ROOT_FROM_FLOOR else allowed
 
 
-def check_source(source: str, module: str, is_package: bool = False, known: frozenset[str] = frozenset()) -> list:
+def root_exports(root: Path = SRC) -> dict[str, str]:
+    """The package root's lazily loaded names -> the module each comes from (its
+    EXPORTS table: name -> (module, attribute))."""
+    tree = ast.parse((root / PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXPORTS" for t in node.targets):
+            return {name: module for name, (module, _) in ast.literal_eval(node.value).items()}
+    return {}
+
+
+def check_source(
+    source: str, module: str, is_package: bool = False, known: frozenset[str] = frozenset(),
+    exports: dict[str, str] | None = None,
+) -> list:  # fmt: skip
     """Violations of rules (a) and (b) in one module's source. `known`: the specdraft
-    modules that exist, so that `from specdraft import layout` means the module."""
+    modules that exist, so that `from specdraft import layout` means the module;
+    `exports`: the root's lazy names (root_exports)."""
+    exports = {} if exports is None else exports
     tree = ast.parse(source)
     allowed = allowed_targets(module)
     found: list[Violation] = []
@@ -98,6 +138,8 @@ def check_source(source: str, module: str, is_package: bool = False, known: froz
                 what = f"from {source_module} import {alias.name}"
                 submodule = f"{source_module}.{alias.name}"
                 target = submodule if submodule in known else source_module
+                if source_module == PACKAGE and alias.name in exports:
+                    target = exports[alias.name]
                 layer(node, target, what)
                 if is_private(alias.name):
                     found.append(Violation(module, node.lineno, "private", what))
@@ -124,9 +166,10 @@ def source_modules(root: Path = SRC) -> dict[str, tuple[Path, bool]]:
 def all_violations(root: Path = SRC) -> list[Violation]:
     modules = source_modules(root)
     known = frozenset(modules)
+    exports = root_exports(root)
     found = []
     for name, (path, is_package) in modules.items():
-        found += check_source(path.read_text(), name, is_package, known)
+        found += check_source(path.read_text(), name, is_package, known, exports)
     return found
 
 
@@ -137,6 +180,13 @@ def test_the_source_tree_is_found():
     modules = source_modules()
     assert BOTTOM <= set(modules)
     assert any(name.startswith("specdraft.ops.") for name in modules)
+
+
+def test_every_module_sits_on_a_floor():
+    """A new top-level module or package must be placed on a floor (FLOORS, and
+    docs/design.md's drawing), or the rule would not see it."""
+    homeless = [name for name in source_modules() if name != PACKAGE and floor_of(name) is None]
+    assert not homeless, f"on no floor of FLOORS: {homeless}"
 
 
 def test_no_module_breaks_the_layer_rule():
@@ -153,7 +203,10 @@ def test_the_allow_list_has_no_stale_entries():
 
 
 KNOWN = frozenset({"specdraft", "specdraft.layout", "specdraft.ops", "specdraft.ops.backend", "specdraft.models",
-                   "specdraft.models.rope", "specdraft.ops.sampling", "specdraft.ops.sampling.noise", "specdraft.checked_mode"})  # fmt: skip
+                   "specdraft.models.rope", "specdraft.ops.sampling", "specdraft.ops.sampling.noise", "specdraft.checked_mode",
+                   "specdraft.config", "specdraft.proposers", "specdraft.proposers.loop", "specdraft.generation",
+                   "specdraft.training", "specdraft.testing", "specdraft.demo"})  # fmt: skip
+EXPORTS = {"checked": "specdraft.checked_mode", "adjust_input": "specdraft.proposers.adjust_input"}
 
 
 @pytest.mark.parametrize(
@@ -177,10 +230,19 @@ KNOWN = frozenset({"specdraft", "specdraft.layout", "specdraft.ops", "specdraft.
         ("specdraft.models.x", False, "import specdraft.ops.sampling.noise as n\nn._fmix32(1)",
          "specdraft.ops.sampling.noise._fmix32"),
         ("specdraft.models.x", False, "from specdraft.ops.sampling import noise\nnoise._absorb", "specdraft.ops.sampling.noise._absorb"),
+        # (a) every floor above ops reaching up one floor or more
+        ("specdraft.config", False, "from specdraft.proposers import loop", "from specdraft.proposers import loop"),
+        ("specdraft.models.x", False, "from ..proposers.loop import f", "from specdraft.proposers.loop import f"),
+        ("specdraft.models.x", False, "from specdraft import adjust_input", "from specdraft import adjust_input"),
+        ("specdraft.proposers.x", False, "import specdraft.generation", "import specdraft.generation"),
+        ("specdraft.proposers.x", False, "def f():\n    from specdraft.training import g", "from specdraft.training import g"),
+        ("specdraft.generation.x", False, "from specdraft import demo", "from specdraft import demo"),
+        ("specdraft.testing.x", False, "from specdraft.demo import main", "from specdraft.demo import main"),
+        ("specdraft.ops.x", False, "from specdraft import adjust_input", "from specdraft import adjust_input"),
     ],
 )  # fmt: skip
 def test_the_checker_reports_a_violation(module, is_package, source, want):
-    found = check_source(source, module, is_package, KNOWN)
+    found = check_source(source, module, is_package, KNOWN, EXPORTS)
     assert want in [v.what for v in found], found
     assert all(v.module == module for v in found)
 
@@ -192,11 +254,17 @@ def test_the_checker_reports_a_violation(module, is_package, source, want):
         ("specdraft.ops.sampling", True, "from .noise import noise_uniform\nfrom ..backend import tl"),
         ("specdraft.ops.x", False, "import torch\nimport triton.language as tl\nfrom torch._dynamo import config"),
         ("specdraft.checks", False, "from specdraft.layout import window_of\nfrom . import checked_mode"),
-        ("specdraft.models.x", False, "from specdraft.ops import step_metadata\nfrom specdraft.proposers import loop"),
+        ("specdraft.models.x", False, "from specdraft.ops import step_metadata\nfrom specdraft.config import c"),
         ("specdraft.models.x", False, "from __future__ import annotations\nfrom specdraft import __version__"),
         ("specdraft.models.x", False, "import torch\ntorch._dynamo.reset()"),  # not a specdraft module
         ("specdraft.models.x", False, "def _own():\n    pass\n_own()\nself_x = object()._y"),
+        # (a) each floor from its own floor and below
+        ("specdraft.config", False, "from specdraft.layout import BatchMetadata\nfrom specdraft.models import rope"),
+        ("specdraft.proposers.x", False, "from specdraft.config import SpeculativeConfig\nfrom specdraft import checked"),
+        ("specdraft.generation.x", False, "from specdraft.proposers import loop\nfrom specdraft.training import t"),
+        ("specdraft.testing.x", False, "from specdraft import ops\nfrom specdraft.generation import g"),
+        ("specdraft.demo", False, "from specdraft.generation import g\nfrom specdraft.testing import t"),
     ],
 )  # fmt: skip
 def test_the_checker_passes_what_the_rule_allows(module, is_package, source):
-    assert check_source(source, module, is_package, KNOWN) == []
+    assert check_source(source, module, is_package, KNOWN, EXPORTS) == []

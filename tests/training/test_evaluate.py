@@ -23,7 +23,6 @@ from specdraft.training import (
     save_batch,
     unroll_for_eval,
 )
-from specdraft.training.evaluate import loop_for
 
 from fixtures.unroll_batches import head_for, make_packed
 
@@ -98,7 +97,7 @@ def test_sums_are_exact_across_shards_and_groups(demo_batches, tmp_path):
 def test_loop_choice_and_bad_arguments():
     eagle3, _, _ = head_for("eagle3", False)
     multi, _, _ = head_for("multi_layer", False)
-    assert loop_for(eagle3) == "eagle" and loop_for(multi) == "multi_layer"
+    assert eagle3.draft_loop == "eagle" and multi.draft_loop == "multi_layer"
     assert DraftEvaluator(multi, num_steps=2, compile=False).loop == "multi_layer"
     for kwargs, message in [
         (dict(num_steps=0), "num_steps"),

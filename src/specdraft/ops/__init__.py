@@ -7,25 +7,17 @@ families share lives in ops/common."""
 from .backend import HAS_TRITON, quiet_without_triton
 
 with quiet_without_triton():
-    from .common.shift_window import MAX_SHIFT_LIMIT
     from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
     from .prepare_eagle import EagleInputs, prepare_eagle_input
     from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
     from .sampling import AcceptedPath, draft_sample, noise_uniform, rejection_sample, tree_verify
-    from .shift_and_cache import shift_and_cache_hidden
-    from .shift_and_cache_1d import shift_and_cache_1d
+    from .shift_and_cache import MAX_SHIFT_LIMIT, shift_and_cache_1d, shift_and_cache_hidden
     from .shift_plan import ShiftPlan, shift_plan
     from .step_metadata import PADDING_SLOT_ID, step_metadata
     from .top_logprobs import top_logprobs
-    from .tree_structure import (
-        SelectedTree,
-        tree_ancestors,
-        tree_commit_kv,
-        tree_expand,
-        tree_positions,
-        tree_select,
-    )
+    from .tree_commit_kv import tree_commit_kv
+    from .tree_structure import SelectedTree, tree_ancestors, tree_expand, tree_positions, tree_select
     from .vocab_metrics import VocabMetrics, vocab_metrics
 
 __all__ = [

@@ -38,7 +38,7 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_bool, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
-from specdraft.value_checks import check_copy_and_expand_values
+from specdraft.value_checks import window_lengths
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
@@ -379,3 +379,18 @@ def copy_and_expand_inputs(
             max_query_len,
         )  # fmt: skip
     )
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_copy_and_expand_values(
+    query_start_loc: torch.Tensor, num_rejected_tokens: torch.Tensor | None, num_tokens: int
+) -> None:
+    """copy_and_expand_inputs: windows from 0, non-decreasing, at least one token
+    each, within the T_in input tokens; 0 <= num_rejected_tokens <= window - 1."""
+    lens = window_lengths(query_start_loc, num_tokens, nonempty=True)
+    if num_rejected_tokens is not None:
+        for b, r in enumerate(num_rejected_tokens.tolist()):
+            if not 0 <= r <= lens[b] - 1:
+                raise ValueError(f"num_rejected_tokens[{b}] = {r} is outside [0, window - 1 = {lens[b] - 1}]")

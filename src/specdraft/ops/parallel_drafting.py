@@ -23,7 +23,7 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID, window_of
-from specdraft.value_checks import check_extend_queries_values, check_new_slot_mapping_values
+from specdraft.value_checks import check_in_range, window_lengths
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -301,3 +301,57 @@ def extend_queries_by_n(
         None if max_query_len is None else max_query_len + n,
         None if max_seq_len is None else max_seq_len + n,
     )
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_new_slot_mapping_values(
+    positions: torch.Tensor,
+    is_rejected_token_mask: torch.Tensor | None,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    max_model_len: int,
+) -> None:
+    """new_slot_mapping: windows from 0, non-decreasing, within T; positions inside
+    the windows non-negative; every block id a slot is taken from (tokens in a
+    window, not rejected, below max_model_len) non-negative. Other entries of the
+    table are not read, so they may hold anything (engines pad tables)."""
+    lens = window_lengths(query_start_loc, positions.shape[0])
+    total = sum(lens)
+    pos = positions[:total].long().cpu()
+    check_in_range("positions", pos, 0, None)
+    if total == 0:
+        return
+    owner = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    wanted = pos.clamp(max=max_model_len - 1) // block_size
+    used = pos < max_model_len
+    if is_rejected_token_mask is not None:
+        used = used & ~is_rejected_token_mask[:total].cpu()
+    past = torch.nonzero(used & (wanted >= block_table.shape[1]))
+    if past.numel():
+        t = int(past[0, 0])
+        raise ValueError(
+            f"block_table: token {t} (request {int(owner[t])}) at position {int(pos[t])} is in block column "
+            f"{int(wanted[t])}, past the table's {block_table.shape[1]} columns (block_size {block_size}); "
+            "unchecked mode would take its slot from the last column's block"
+        )
+    column = wanted.clamp(max=block_table.shape[1] - 1)
+    blocks = block_table.cpu().long()[owner, column]
+    bad = torch.nonzero(used & (blocks < 0))
+    if bad.numel():
+        t = int(bad[0, 0])
+        raise ValueError(
+            f"block_table[{int(owner[t])}, {int(column[t])}] = {int(blocks[t])} is negative "
+            f"(the block of token {t} at position {int(pos[t])})"
+        )
+
+
+def check_extend_queries_values(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """extend_queries_by_n: windows from 0, non-decreasing, each seq_len at least
+    its window."""
+    lens = window_lengths(query_start_loc)
+    for b, s in enumerate(seq_lens.tolist()):
+        if s < lens[b]:
+            raise ValueError(f"seq_lens[{b}] = {s} is shorter than request {b}'s window of {lens[b]} tokens")

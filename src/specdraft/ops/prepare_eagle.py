@@ -13,9 +13,9 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 from specdraft.layout import window_of
-from specdraft.value_checks import check_rejection_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
+from .prepare_inputs import check_rejection_values
 
 # A program owns BLOCK_TOKENS output rows and scans the requests BLOCK_SCAN at a time
 # with SCAN_WARPS warps; the [BLOCK_TOKENS, BLOCK_SCAN] compare tile (32 int32 a

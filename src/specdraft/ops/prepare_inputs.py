@@ -16,7 +16,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
-from specdraft.value_checks import check_next_token_values, check_rejection_values
+from specdraft.value_checks import check_in_range, draft_counts, window_lengths
 
 from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
@@ -279,3 +279,56 @@ def prepare_next_token_padded(
     return NextTokens(
         *_prepare_next_token_padded_op(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size)
     )
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_rejection_values(
+    query_start_loc: torch.Tensor,
+    num_rejected_tokens: torch.Tensor | None = None,
+    cu_num_draft_tokens: torch.Tensor | None = None,
+    valid_sampled_tokens_count: torch.Tensor | None = None,
+    *,
+    name: str = "query_start_loc",
+    num_tokens: int | None = None,
+) -> None:
+    """The prepare-inputs arguments (prepare_eagle_input, prepare_inputs_padded):
+    query_start_loc from 0, non-decreasing; a rejected count in [0, query length]; a
+    draft count (from the *inclusive* cumulative cu_num_draft_tokens) >= 0 and below
+    the query length (the window holds the drafts and the token before them); a
+    valid count in [0, drafts + 1] (0: a discarded request, as
+    prepare_next_token_padded reports it). name: what the caller calls
+    query_start_loc. num_tokens (prepare_eagle_input's output length): at least the
+    kept total, sum of (query length - rejected)."""
+    lens = window_lengths(query_start_loc, name=name)
+    if num_rejected_tokens is not None:
+        rejected = num_rejected_tokens.tolist()
+        for b, r in enumerate(rejected):
+            if not 0 <= r <= lens[b]:
+                raise ValueError(f"num_rejected_tokens[{b}] = {r} is outside [0, query length {lens[b]}]")
+        kept = sum(lens) - sum(rejected)
+        if num_tokens is not None and num_tokens < kept:
+            raise ValueError(
+                f"num_tokens = {num_tokens} is smaller than the {kept} tokens the requests keep "
+                "(sum of query lengths minus num_rejected_tokens)"
+            )
+    if cu_num_draft_tokens is not None:
+        drafts = draft_counts(cu_num_draft_tokens, lens)
+        if valid_sampled_tokens_count is not None:
+            for b, v in enumerate(valid_sampled_tokens_count.tolist()):
+                if not 0 <= v <= drafts[b] + 1:
+                    raise ValueError(
+                        f"valid_sampled_tokens_count[{b}] = {v} is outside [0, drafts + 1 = {drafts[b] + 1}]"
+                    )
+
+
+def check_next_token_values(
+    backup_next_token_ids: torch.Tensor, vocab_size: int, sampled_token_ids: torch.Tensor | None = None
+) -> None:
+    """prepare_next_token_padded: the backup tokens become next tokens, so they are
+    ids; sampled ids are ids in [0, vocab_size) or the -1 placeholder after a
+    rejection. (Unchecked, an id outside that counts as rejected.)"""
+    check_in_range("backup_next_token_ids", backup_next_token_ids, 0, vocab_size)
+    if sampled_token_ids is not None:
+        check_in_range("sampled_token_ids", sampled_token_ids, 0, vocab_size, allow=-1)

@@ -1,5 +1,5 @@
 """The shift plan of the multi-layer EAGLE input shift: how far each request's
-window moves before a draft pass (the shift itself: shift_and_cache.py).
+window moves before a draft pass (the shift itself: ops/shift_and_cache/).
 
 Per request b with window [start, stop), sample index s, cached length c and the
 window's first position p0:
@@ -19,10 +19,10 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
-from specdraft.value_checks import check_shift_plan_values
+from specdraft.value_checks import check_in_range, window_lengths
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
-from .shift_and_cache import MAX_SHIFT_LIMIT
+from .shift_and_cache.window import MAX_SHIFT_LIMIT
 
 BLOCK_REQS = 256
 
@@ -185,3 +185,35 @@ def shift_plan(
     return ShiftPlan(
         *_shift_plan_op(query_start_loc, positions, token_indices_to_sample, seq_lens, cached_lens, max_shift)
     )
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_shift_plan_values(
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    token_indices_to_sample: torch.Tensor | None,
+    seq_lens: torch.Tensor,
+    cached_lens: torch.Tensor,
+    max_shift: int,
+) -> None:
+    """A shift_plan / adjust_input input: windows as for shift-and-cache within the
+    positions' T tokens, 0 <= cached_lens <= max_shift, each sample index inside its
+    window, seq_lens at least the window, positions (row 0) non-negative."""
+    num_tokens = positions.shape[-1]
+    lens = window_lengths(query_start_loc, num_tokens)
+    qsl = query_start_loc.tolist()
+    samples = None if token_indices_to_sample is None else token_indices_to_sample.tolist()
+    cached, seq = cached_lens.tolist(), seq_lens.tolist()
+    for b, n in enumerate(lens):
+        if not 0 <= cached[b] <= max_shift:
+            raise ValueError(f"cached_lens[{b}] = {cached[b]} is outside [0, max_shift={max_shift}]")
+        if seq[b] < n:
+            raise ValueError(f"seq_lens[{b}] = {seq[b]} is shorter than request {b}'s window of {n} tokens")
+        if samples is not None and n > 0 and not qsl[b] <= samples[b] < qsl[b + 1]:
+            raise ValueError(
+                f"token_indices_to_sample[{b}] = {samples[b]} is outside its window [{qsl[b]}, {qsl[b + 1]})"
+            )
+    row = positions[0] if positions.dim() == 2 else positions
+    check_in_range("positions", row[: qsl[-1] if qsl else 0], 0, None)

@@ -39,7 +39,6 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, at_least, between, check_all_distinct, check_int_range, check_tensor_arg
 from specdraft.layout import PADDING_SLOT_ID
-from specdraft.value_checks import check_step_metadata_values
 
 from .backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -267,3 +266,67 @@ def step_metadata(
         _step_metadata_op(*args)
     else:
         _step_metadata_indexed_op(*args, seq_index)
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_step_metadata_values(
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+    *,
+    block_size: int | None = None,
+    seq_index: torch.Tensor | None = None,
+) -> None:
+    """A `step_metadata` input: positions (row 0) and seq_index non-negative, seq_lens
+    >= 1, no negative block id in the rows of the batch, and no block written by two
+    requests. With block_size, "written" means the block this step's token lands in
+    (requests may share full prefix blocks, as prefix caching does); without it, any
+    block shared by two requests is refused.
+
+    seq_lens past max_model_len are accepted: a verify window may reach past it by K
+    tokens, and the op caps them (min(seq_len + 1, max_model_len))."""
+    first = (positions[0] if positions.dim() == 2 else positions).tolist()
+    for b, p in enumerate(first):
+        if p < 0:
+            raise ValueError(f"positions[{b}] = {p} is negative")
+    index = first if seq_index is None else seq_index.tolist()
+    if seq_index is not None:
+        for b, i in enumerate(index):
+            if i < 0:
+                raise ValueError(f"seq_index[{b}] = {i} is negative")
+    for b, s in enumerate(seq_lens.tolist()):
+        if s < 1:
+            raise ValueError(f"seq_lens[{b}] = {s} must be >= 1")
+    rows = block_table[: len(first)].tolist()
+    owner: dict[int, int] = {}
+    for b, row in enumerate(rows):
+        for blk in row:
+            if blk < 0:
+                raise ValueError(f"block_table[{b}] holds a negative block id {blk}")
+            if block_size is None and owner.setdefault(blk, b) != b:
+                raise ValueError(f"block_table: block {blk} belongs to requests {owner[blk]} and {b}")
+    if block_size is None:
+        return
+    held = {}
+    for b, row in enumerate(rows):
+        for blk in row:
+            held.setdefault(blk, set()).add(b)
+    for b, i in enumerate(index):
+        new = i + 1
+        if new >= max_model_len:
+            continue  # clamped: writes nothing
+        if new // block_size >= len(rows[b]):
+            raise ValueError(
+                f"block_table: request {b}'s next token at position {new} is in block column "
+                f"{new // block_size}, past the table's {len(rows[b])} columns (block_size {block_size}); "
+                "unchecked mode would write it into the last column's block"
+            )
+        blk = rows[b][new // block_size]
+        others = held.get(blk, set()) - {b}
+        if others:
+            raise ValueError(
+                f"block_table: request {b} writes block {blk} this step, which request {min(others)} also holds"
+            )

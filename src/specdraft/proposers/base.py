@@ -11,10 +11,10 @@ import torch
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
 from specdraft.config import SamplingParams, SpeculativeConfig
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows, resolve_max_seq_len
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
 from specdraft.proposers.checks import check_kv_caches, check_padded_inputs, check_propose_inputs
-from specdraft.proposers.loop import DraftOutput, TargetWindow, bounded, clamp_rows
+from specdraft.proposers.loop import DraftOutput, TargetWindow, clamp_rows
 from specdraft.proposers.value_checks import (
     KVGroup,
     check_padded_values,
@@ -124,7 +124,7 @@ class Proposer:
 
     def checked_window(self, window: TargetWindow, sampling: SamplingParams | None) -> TargetWindow:
         """The start of every `propose`: the free checks, checked mode's value checks,
-        then the window with max_seq_len resolved (`bounded`), ready for the loop."""
+        then the window with max_seq_len resolved (`resolve_max_seq_len`), ready for the loop."""
         block_size = self.table_block_size
         check_propose_inputs(self, window, sampling, block_size=block_size, reads_hidden=self.reads_hidden)
         if is_checked():
@@ -132,7 +132,9 @@ class Proposer:
                 self, window, sampling, draft_steps=self.draft_steps, groups=self.kv_groups(window.metadata),
                 reads_hidden=self.reads_hidden,
             )  # fmt: skip
-        return window._replace(metadata=bounded(window.metadata, block_size))
+        metadata = window.metadata
+        max_seq_len = resolve_max_seq_len(metadata.max_seq_len, metadata.block_table, block_size)
+        return window._replace(metadata=dataclasses.replace(metadata, max_seq_len=max_seq_len))
 
     def propose(self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
                 sampling=None, *, token_indices_to_sample=None, num_rejected_tokens=None) -> DraftOutput:  # fmt: skip

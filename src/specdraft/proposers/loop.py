@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
-from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows, resolve_max_seq_len
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows
 from specdraft.ops import draft_sample, step_metadata
 
 
@@ -104,12 +104,6 @@ def static_min(a, b):
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
     return torch.sym_min(a, b)
-
-
-def bounded(metadata: BatchMetadata, block_size: int) -> BatchMetadata:
-    """The metadata with max_seq_len resolved (`resolve_max_seq_len`)."""
-    max_seq_len = resolve_max_seq_len(metadata.max_seq_len, metadata.block_table, block_size)
-    return dataclasses.replace(metadata, max_seq_len=max_seq_len)
 
 
 def shift_input_ids(target_token_ids, next_token_ids, sample_index) -> torch.Tensor:
@@ -275,7 +269,7 @@ def draft_k_tokens(
 ) -> DraftOutput:  # fmt: skip
     """EAGLE's loop: a first pass over the target's windows (ids shifted by one, each
     request's next token at its sample index), then K - 1 single-token steps.
-    window.metadata's max_seq_len is resolved (`bounded`)."""
+    window.metadata's max_seq_len is resolved (`resolve_max_seq_len`)."""
     metadata, positions = window.metadata, window.positions
     num_reqs, device = metadata.num_reqs, window.token_ids.device
     sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)

@@ -28,8 +28,8 @@ speculative_eagle_topk and TensorRT-LLM's dynamic_tree_max_topK; num_verify_toke
 max_total_draft_tokens + 1.
 
 Each expansion's scoring and frontier choice, the final selection and the ancestor
-mask are ops (ops/tree_structure.py: a Triton kernel on CUDA, the torch reference on
-CPU).
+mask are ops (ops/tree_structure/, a file per op: a Triton kernel on CUDA, the torch
+reference on CPU).
 Everything compiles under torch.compile(fullgraph=True): every shape is fixed by
 (B, depth, topk, num_verify_tokens). tests/proposers/test_tree_build.py checks the
 build against a plain-Python EAGLE-2 reference.

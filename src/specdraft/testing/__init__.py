@@ -2,8 +2,8 @@
 
 Without any extra: the compile counters (`CompileCounts`, `fresh_compile`),
 `make_draft_batch` (complete `propose()` inputs) and the value checkers of the ops
-(checked mode's own, specdraft.value_checks, re-exported here; they sync with the
-host: development and tests only). With `pip install 'specdraft[testing]'`
+(checked mode's own, each beside its op in specdraft.ops, re-exported here and
+loaded on first use; they sync with the host: development and tests only). With `pip install 'specdraft[testing]'`
 (hypothesis): the strategies of valid batch layouts and their layout types, and the
 strategies of *invalid* ones, each tagged with the rule it breaks (invalid.py).
 
@@ -16,18 +16,21 @@ import importlib
 
 from specdraft.testing.compile import CompileCounts, fresh_compile
 from specdraft.testing.proposers import DraftBatch, make_draft_batch
-from specdraft.value_checks import (
-    check_copy_and_expand_values,
-    check_draft_sample_values,
-    check_extend_queries_values,
-    check_new_slot_mapping_values,
-    check_next_token_values,
-    check_rejection_sample_values,
-    check_rejection_values,
-    check_shift_and_cache_values,
-    check_shift_plan_values,
-    check_step_metadata_values,
-)
+
+# The ops' value checkers: name -> the op module defining it (beside its op). Loaded
+# on first use, so `import specdraft.testing` imports neither the ops nor triton.
+_VALUE_CHECKERS = {
+    "check_copy_and_expand_values": "specdraft.ops.copy_and_expand",
+    "check_draft_sample_values": "specdraft.ops.sampling.draft",
+    "check_extend_queries_values": "specdraft.ops.parallel_drafting",
+    "check_new_slot_mapping_values": "specdraft.ops.parallel_drafting",
+    "check_next_token_values": "specdraft.ops.prepare_inputs",
+    "check_rejection_sample_values": "specdraft.ops.sampling.rejection",
+    "check_rejection_values": "specdraft.ops.prepare_inputs",
+    "check_shift_and_cache_values": "specdraft.ops.shift_and_cache.window",
+    "check_shift_plan_values": "specdraft.ops.shift_plan",
+    "check_step_metadata_values": "specdraft.ops.step_metadata",
+}
 
 # name -> the module defining it. These modules import hypothesis at the top, so all
 # of them need the extra.
@@ -61,6 +64,10 @@ EXTRA_HINT = "pip install 'specdraft[testing]'"
 
 
 def __getattr__(name: str):
+    if name in _VALUE_CHECKERS:
+        value = getattr(importlib.import_module(_VALUE_CHECKERS[name]), name)
+        globals()[name] = value
+        return value
     module_name = _NEEDS_HYPOTHESIS.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -76,23 +83,14 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NEEDS_HYPOTHESIS))
+    return sorted(set(globals()) | set(_VALUE_CHECKERS) | set(_NEEDS_HYPOTHESIS))
 
 
 __all__ = [
     "CompileCounts",
     "DraftBatch",
-    "check_copy_and_expand_values",
-    "check_draft_sample_values",
-    "check_extend_queries_values",
-    "check_new_slot_mapping_values",
-    "check_next_token_values",
-    "check_rejection_sample_values",
-    "check_rejection_values",
-    "check_shift_and_cache_values",
-    "check_shift_plan_values",
-    "check_step_metadata_values",
     "fresh_compile",
     "make_draft_batch",
+    *_VALUE_CHECKERS,
     *_NEEDS_HYPOTHESIS,
 ]

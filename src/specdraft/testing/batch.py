@@ -1,6 +1,6 @@
 """Hypothesis strategies for the batch-preparation ops
 (`prepare_eagle_input`, `prepare_inputs_padded`, `prepare_next_token_padded`,
-`step_metadata`); their value checkers are checked mode's (specdraft.value_checks).
+`step_metadata`); their value checkers are checked mode's (beside each op in specdraft.ops).
 
 Layouts are plain Python data, so a failing example prints readably; each has a
 `tensors(device)` method that builds what the ops take.

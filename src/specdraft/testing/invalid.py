@@ -9,66 +9,23 @@ rule broken. `OpCase.rule` says which ("query_start_loc: decreasing"), and
 name. Without checked mode the op must run anyway, reading and writing nothing
 outside its tensors: `OpCase.run(device, guard=g)` places every buffer the op
 writes inside a larger one with g sentinel rows on each side and reports whether
-they survived. Proposer-level cases: invalid_batches.py.
+they survived (op_case.py). The tree ops' cases: invalid_trees.py; proposer-level
+cases: invalid_batches.py.
 
 Values reach far outside the valid ranges now and then (up to 2**30), so that
 index arithmetic overflowing or skipping a mask shows.
 """
 
-from dataclasses import dataclass
-from typing import Any
-
-import torch
 from hypothesis import strategies as st
 
-from specdraft import ops
 from specdraft.testing.batch import rejection_layouts, step_layouts
 from specdraft.testing.expand import expand_layouts
+from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
+from specdraft.testing.op_case import FAR, TEMPERATURE_RULES, OpCase
 from specdraft.testing.sampling import sampling_batches
 from specdraft.testing.shift_and_cache import shift_layouts
 
-FAR = 2**30  # the largest magnitude an invalid int32 value takes here
 HIDDEN = 8  # hidden size of the shift_and_cache_hidden cases
-SENTINELS = {torch.float32: -7.25e30, torch.int32: -0x5A5A5A, torch.int64: -0x5A5A5A5A5A, torch.bool: True}
-
-
-@dataclass(frozen=True)
-class OpCase:
-    """One op call as plain data: `tensors` maps argument names to (dtype name, nested
-    lists), `scalars` the other arguments; `writes` names the tensor arguments the op
-    mutates. rule: the rule broken ("" for a valid case); argument: what checked mode
-    names."""
-
-    op: str
-    tensors: dict[str, tuple[str, Any]]
-    scalars: dict[str, Any]
-    rule: str
-    argument: str
-    writes: tuple[str, ...] = ()
-
-    def build(self, device="cpu") -> dict[str, torch.Tensor]:
-        return {name: torch.tensor(v, dtype=getattr(torch, dtype), device=device)
-                for name, (dtype, v) in self.tensors.items()}  # fmt: skip
-
-    def run(self, device="cpu", guard: int = 0) -> tuple[Any, dict[str, torch.Tensor], bool]:
-        """Call the op; returns (its result, the tensors it was given, whether every
-        guard row around the buffers it writes kept its sentinel)."""
-        args = self.build(device)
-        backings = {}
-        for name in self.writes:
-            tensor = args[name]
-            backing = torch.full((tensor.shape[0] + 2 * guard, *tensor.shape[1:]), SENTINELS[tensor.dtype],
-                                 dtype=tensor.dtype, device=device)  # fmt: skip
-            backing[guard : guard + tensor.shape[0]] = tensor
-            backings[name] = backing
-            args[name] = backing.narrow(0, guard, tensor.shape[0])
-        result = getattr(ops, self.op)(**args, **self.scalars)
-        intact = all(
-            bool((b[:guard] == SENTINELS[b.dtype]).all())
-            and bool((b[b.shape[0] - guard :] == SENTINELS[b.dtype]).all())
-            for b in backings.values()
-        )
-        return result, args, intact
 
 
 def _int(draw, low: int, high: int) -> int:
@@ -315,7 +272,6 @@ def invalid_expand_cases(draw, op: str | None = None, rule: str | None = None) -
 
 # ----------------------------------------------------------------------- sampling
 
-TEMPERATURE_RULES = ["temperature: negative", "temperature: NaN", "temperature: inf"]
 SAMPLING_RULES = {
     "draft_sample": [*TEMPERATURE_RULES, "step: outside [0, K)"],
     "rejection_sample": [*TEMPERATURE_RULES, "num_draft_tokens: past K", "draft_tokens: outside the vocabulary",
@@ -369,17 +325,8 @@ FAMILIES = (
     (PREPARE_RULES, invalid_prepare_cases),
     (EXPAND_RULES, invalid_expand_cases),
     (SAMPLING_RULES, invalid_sampling_cases),
+    (TREE_RULES, invalid_tree_cases),
 )
-
-
-def _families():
-    """FAMILIES with the tree ops' (invalid_trees imports this module's OpCase)."""
-    from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
-
-    return (*FAMILIES, (TREE_RULES, invalid_tree_cases))
-
-
-FAMILIES = _families()
 OP_RULES = {op: rules for table, _ in FAMILIES for op, rules in table.items()}
 
 

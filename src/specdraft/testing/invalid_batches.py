@@ -18,7 +18,8 @@ import torch
 from hypothesis import strategies as st
 
 from specdraft.config import SamplingParams
-from specdraft.testing.invalid import FAR, break_windows
+from specdraft.testing.invalid import break_windows
+from specdraft.testing.op_case import FAR
 from specdraft.testing.proposers import DraftBatch, make_draft_batch
 
 

@@ -1,13 +1,13 @@
-"""Invalid-input cases for the tree ops, in the OpCase form the other ops' cases take
-(specdraft.testing.invalid): ops.tree_verify, a valid random tree per request with one
-value contract broken (the rules checked mode enforces, `check_tree_verify_values`);
-ops.tree_commit_kv, moves with one slot outside the cache. (tree_select,
-tree_ancestors, tree_expand and tree_positions define every value they can be
-given.)"""
+"""Invalid-input cases for the tree ops, in the OpCase form (op_case.py) the other
+ops' cases take; specdraft.testing.invalid draws them among every op's:
+ops.tree_verify, a valid random tree per request with one value contract broken
+(the rules checked mode enforces, `check_tree_verify_values`); ops.tree_commit_kv,
+moves with one slot outside the cache. (tree_select, tree_ancestors, tree_expand and
+tree_positions define every value they can be given.)"""
 
 from hypothesis import strategies as st
 
-from specdraft.testing.invalid import FAR, TEMPERATURE_RULES, OpCase
+from specdraft.testing.op_case import FAR, TEMPERATURE_RULES, OpCase
 
 TREE_RULES = {
     "tree_verify": [*TEMPERATURE_RULES, "parents: root not -1", "parents: not an earlier node",

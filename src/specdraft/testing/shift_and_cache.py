@@ -1,5 +1,5 @@
 """Hypothesis strategies for the shift-and-cache ops (their value checker is checked
-mode's, specdraft.value_checks.check_shift_and_cache_values).
+mode's, specdraft.ops.shift_and_cache.window.check_shift_and_cache_values).
 
 Layouts are plain Python data (lists of ints), so a failing example prints readably;
 `ShiftLayout.tensors(device)` turns one into the metadata tensors the ops take.

@@ -26,19 +26,14 @@ from specdraft.training.shards import TargetBatch, load_batch, split_batch
 from specdraft.training.unroll import LOOPS, TOKEN_MODES, unroll_for_eval
 
 
-def loop_for(head: torch.nn.Module) -> str:
-    """The proposer loop a head drafts with (the head's `draft_loop`): "multi_layer"
-    for MTP heads with several layers (MultiLayerEagleProposer), "eagle" otherwise."""
-    return head.draft_loop
-
-
 class DraftEvaluator:
     """One evaluation step for `head` (module docstring).
 
     num_steps: K draft steps per start. temperature: a number (<= 0 greedy); the
     expected acceptance Σ min(p, q) is taken at it. tokens: "draft" (the head's own
     greedy drafts, as served) or "data" (teacher forcing). loop: "auto" picks the
-    head's proposer loop (`loop_for`). compile: True, False, or a dict of
+    head's proposer loop (its `draft_loop`: "multi_layer" for MTP heads with several
+    layers, MultiLayerEagleProposer; "eagle" otherwise). compile: True, False, or a dict of
     torch.compile options (default fullgraph=True, dynamic=True).
     """
 
@@ -57,7 +52,7 @@ class DraftEvaluator:
         self.num_steps = num_steps
         self.temperature = float(temperature)
         self.tokens = tokens
-        self.loop = loop_for(head) if loop == "auto" else loop
+        self.loop = head.draft_loop if loop == "auto" else loop
         self.divergence = divergence
         self.step = self.metrics_of
         if compile is not False:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from specdraft.ops import draft_sample
 from specdraft.ops.backend import TRITON_INTERPRET
 from specdraft.ops.sampling.draft import draft_sample_reference, draft_sample_store_reference
-from specdraft.ops.sampling.scan import CHUNK_V
+from specdraft.ops.sampling.tiles import CHUNK_V
 from specdraft.testing import SamplingBatch, check_draft_sample_values, sampling_batches
 
 import specs.sampling as spec

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specdraft.ops import rejection_sample
 from specdraft.ops.backend import TRITON_INTERPRET
 from specdraft.ops.sampling.rejection import rejection_sample_reference
-from specdraft.ops.sampling.scan import CHUNK_V
+from specdraft.ops.sampling.tiles import CHUNK_V
 from specdraft.testing import SamplingBatch, check_rejection_sample_values, sampling_batches
 
 import specs.sampling as spec

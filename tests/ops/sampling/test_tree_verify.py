@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from specdraft import checked
 from specdraft.ops import rejection_sample, tree_verify
 from specdraft.ops.backend import TRITON_INTERPRET
-from specdraft.ops.sampling.scan import CHUNK_V
+from specdraft.ops.sampling.tiles import CHUNK_V
 from specdraft.ops.sampling.tree_verify import tree_verify_reference
 
 import specs.tree_verify as spec

@@ -6,7 +6,7 @@ Per-lane accumulators (one compare and two selects per token for an argmax) are
 reduced across the block once per program, not once per block; where a row is split
 across programs, the per-program partials are combined by a second, tiny pass
 (`combine_argmax`, `combine_softmax`). The samplers (ops/sampling) and the
-training-time metrics (ops/vocab_metrics.py) build their kernels from these.
+training-time metrics (ops/vocab_metrics/) build their kernels from these.
 """
 
 from ..backend import tl, triton

@@ -1,7 +1,9 @@
 """Sampling ops: draft-token sampling (draft.py), rejection sampling of drafts
 against the target (rejection.py) and verification of a draft tree (tree_verify.py),
 all drawing the counter-based noise of noise.py and streaming the vocabulary with
-the scan loop of scan.py."""
+ops/common/scan.py's loop over tiles.py's tiles. Chain and tree verification share
+their statistics and finish kernels (verify_kernels.py); the tree's walk is
+tree_walk.py's."""
 
 from .draft import draft_sample, draft_sample_reference, draft_sample_store_reference
 from .noise import STREAM_ACCEPT, STREAM_DRAFT, STREAM_SAMPLE, noise_bits_reference, noise_uniform

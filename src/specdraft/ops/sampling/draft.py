@@ -30,7 +30,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_choice, check_tensor_arg
-from specdraft.value_checks import check_draft_sample_values
+from specdraft.value_checks import check_in_range, first_bad
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
@@ -48,6 +48,7 @@ from ..common.scan import (
 )
 from .noise import (
     STREAM_DRAFT,
+    check_request_params,
     check_salt,
     gumbel2_torch,
     gumbel_gain,
@@ -58,7 +59,7 @@ from .noise import (
     row_key_torch,
     salt_key,
 )
-from .scan import BLOCK_V, CHUNK_V, DRAFT_BLOCK_V, DRAFT_NUM_WARPS, NUM_WARPS, SPLIT_BLOCK, check_request_params
+from .tiles import BLOCK_V, CHUNK_V, DRAFT_BLOCK_V, DRAFT_NUM_WARPS, NUM_WARPS, SPLIT_BLOCK
 
 # --------------------------------------------------------------------------- kernels
 
@@ -322,3 +323,24 @@ def draft_sample(
         raise ValueError("step (a 0-dim int tensor on the device) is required with probs_out")
     check_tensor_arg("step", step, INDEX_DTYPES, rank=0, device_of=logits)
     return _draft_sample_store_op(logits, temperature, seeds, positions, probs_out, step, salt, write == "probs")
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_draft_sample_values(
+    temperature: torch.Tensor,
+    probs_out: torch.Tensor | None = None,
+    step: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> None:
+    """draft_sample: temperature finite and >= 0; step inside [0, K); positions (the
+    noise's counter) non-negative."""
+    first_bad("temperature", ~(torch.isfinite(temperature) & (temperature >= 0)), temperature,
+              "must be finite and >= 0 (0 = greedy)")  # fmt: skip
+    if positions is not None:
+        check_in_range("positions", positions, 0, None)
+    if probs_out is not None and step is not None:
+        s, num_steps = int(step), probs_out.shape[1]
+        if not 0 <= s < num_steps:
+            raise ValueError(f"step = {s} is outside [0, K={num_steps}) of probs_out")

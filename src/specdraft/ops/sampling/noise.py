@@ -105,6 +105,14 @@ def check_salt(salt: int) -> None:
     check_int_range("salt", salt, 0, SALT_LIMIT - 1)
 
 
+def check_request_params(num_reqs, temperature, seeds, positions, device_of: torch.Tensor | None = None) -> None:
+    """The per-request arguments every sampler takes: temperature fp32 [B] (0 = greedy)
+    and the noise's seeds, positions int32/int64 [B]; all contiguous."""
+    check_tensor_arg("temperature", temperature, torch.float32, shape=(num_reqs,), contiguous=True, device_of=device_of)
+    check_tensor_arg("seeds", seeds, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=device_of)
+    check_tensor_arg("positions", positions, INDEX_DTYPES, shape=(num_reqs,), contiguous=True, device_of=device_of)
+
+
 # ------------------------------------------------------ the noise, Triton | torch
 
 

@@ -27,8 +27,9 @@ rows 0..n, the online-softmax max and sum for random rows 0..n-1; rows past thos
 are never read. (2) per (request, vocab chunk): the acceptance chain from those
 statistics (cheap, recomputed by every chunk program; chunk 0 writes the tokens
 and counts), then for random requests the partial race over its chunk of the one
-row c that emits. (3) per request: combine the races into the emitted token. The
-steps they scan a row with and the acceptance test are rejection_steps.py's.
+row c that emits. (3) per request: combine the races into the emitted token. (1)
+and (3) are verify_kernels.py's, shared with tree verification; (2), with the
+acceptance test and the residual race step it scans a row with, is below.
 """
 
 import torch
@@ -37,81 +38,91 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
-from specdraft.value_checks import check_rejection_sample_values
 
 from ..backend import NAMESPACE, cdiv, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it
 # calls, and a module attribute (noise.x) is not carried along.
-from ..common.fastmath import FAST_LOG2
+from ..common.fastmath import FAST_LOG2, exp2, rcp
 from ..common.scan import (
     combine_argmax,
     combine_softmax,
     lane_argmax_finish,
     lane_argmax_init,
-    lane_softmax_finish,
-    lane_softmax_init,
+    lane_argmax_update,
     scan_vocab,
 )
+from .draft import check_draft_sample_values
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
+    check_request_params,
     check_salt,
+    exponential2,
     exponential2_torch,
     gumbel2_torch,
     gumbel_gain,
     gumbel_gain_torch,
+    noise_bits,
     noise_bits_torch,
     row_key,
     row_key_torch,
     salt_key,
+    uniform,
     uniform_torch,
 )
-from .rejection_steps import accept_draft, argmax_step, gumbel_step, lane_softmax_step, residual_race_step
-from .scan import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK, check_request_params
+from .tiles import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK
+from .verify_kernels import gumbel_step, race_finish_kernel, target_stats_kernel
 
-# --------------------------------------------------------------------------- kernels
+# ------------------------------------------- the chain kernel and its device-side rules
 
 
 @triton.jit
-def _rs_stats_kernel(
-    logits_ptr, num_draft_ptr, temperature_ptr,
-    part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, row, chunk)
-    vocab, req_stride, row_stride, num_spec, num_splits,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+def residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
+    """A rejected row: the exponential races r / E over the residual r = max(p - q, 0)
+    and, as the fallback, over p. p = softmax in base 2: 2**(x * log2(e) / T -
+    max * log2(e)) / sum, the division and the division by T hoisted out of the loop
+    (args). Without draft probs q is the one-hot of the rejected token."""
+    HAS_DRAFT_PROBS: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
+    FAST: tl.constexpr = FLAGS[1]
+    race, race_idx, fall, fall_idx = acc
+    gain, max2, inv_sum, key, end, rejected = args
+    mask = idx < end
+    p = exp2(x * gain - max2, FAST) * inv_sum
+    if not HAS_DRAFT_PROBS:
+        q = (idx == rejected).to(tl.float32)
+    # 1 / (E / ln 2): the races rank r / E, and a common factor ln 2 changes no winner.
+    inv_e = rcp(exponential2(noise_bits(key, idx), FAST), FAST)
+    race_keys = tl.where(mask, tl.maximum(p - q, 0.0) * inv_e, float("-inf"))
+    fall_keys = tl.where(mask, p * inv_e, float("-inf"))
+    race, race_idx = lane_argmax_update(race, race_idx, race_keys, idx)
+    fall, fall_idx = lane_argmax_update(fall, fall_idx, fall_keys, idx)
+    return race, race_idx, fall, fall_idx
+
+
+@triton.jit
+def accept_draft(
+    logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
+    draft, logits_row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
+    ACCEPT_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    req = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
-    split = tl.program_id(2)
-    num_draft = tl.minimum(tl.maximum(tl.load(num_draft_ptr + req), 0), num_spec)
-    temp = tl.load(temperature_ptr + req).to(tl.float32)
-    greedy = temp <= 0
-    needed = tl.where(greedy, j <= num_draft, j < num_draft)
-    if needed:
-        row = req * (num_spec + 1) + j
-        row_ptr = logits_ptr + req * req_stride + j * row_stride
-        start = split * CHUNK
-        end = tl.minimum(start + CHUNK, vocab)
-        best, best_idx = lane_argmax_init(start, BLOCK)
-        run_max = tl.full([], float("-inf"), tl.float32)
-        run_sum = tl.full([], 0.0, tl.float32)
-        if greedy:
-            best, best_idx = scan_vocab(
-                row_ptr, row_ptr, start, end, (best, best_idx), None, argmax_step, None, False, BLOCK
-            )
+    """Whether one draft token is accepted (as int32), from the statistics kernel's
+    partials of its target row: greedy, draft == argmax; random, u * q(x) <= p(x)."""
+    if greedy:
+        _, target = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
+        accept = (draft == target).to(tl.int32)
+    else:
+        valid = (draft >= 0) & (draft < vocab)
+        run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
+        x = tl.load(logits_ptr + logits_row + draft, mask=valid, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x / temp - run_max) / run_sum
+        if HAS_DRAFT_PROBS:
+            q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
         else:
-            lane_max, lane_sum = lane_softmax_init(BLOCK)
-            lane_max, lane_sum = scan_vocab(
-                row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step,
-                FAST_LOG2, False, BLOCK,
-            )  # fmt: skip
-            run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
-        best, best_idx = lane_argmax_finish(best, best_idx)
-        part = row * num_splits + split
-        tl.store(part_key_ptr + part, best)
-        tl.store(part_idx_ptr + part, best_idx)
-        tl.store(part_max_ptr + part, run_max)
-        tl.store(part_sum_ptr + part, run_sum)
+            q = 1.0
+        u = uniform(noise_bits(row_key(seed, position, ACCEPT_KEY), tl.full([], 0, tl.int32)))
+        accept = (valid & (u * q <= p)).to(tl.int32)
+    return accept
 
 
 @triton.jit
@@ -183,6 +194,7 @@ def _rs_chain_kernel(
                 row_ptr, row_ptr, start, end, (race, race_idx), (gumbel_gain(temp), key), gumbel_step, FAST_LOG2,
                 False, BLOCK,
             )  # fmt: skip
+            fall, fall_idx = race, race_idx  # its own fallback: race_finish_kernel takes either
         race, race_idx = lane_argmax_finish(race, race_idx)
         fall, fall_idx = lane_argmax_finish(fall, fall_idx)
         part = req * num_splits + split
@@ -190,26 +202,6 @@ def _rs_chain_kernel(
         tl.store(race_idx_ptr + part, race_idx)
         tl.store(fall_key_ptr + part, fall)
         tl.store(fall_idx_ptr + part, fall_idx)
-
-
-@triton.jit
-def _rs_finish_kernel(
-    num_draft_ptr, temperature_ptr, tokens_ptr, counts_ptr,
-    race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # in: the chain kernel's partial races
-    num_spec, num_splits,
-    SPLIT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    req = tl.program_id(0).to(tl.int64)
-    temp = tl.load(temperature_ptr + req).to(tl.float32)
-    if not (temp <= 0):
-        num_draft = tl.minimum(tl.maximum(tl.load(num_draft_ptr + req), 0), num_spec)
-        count = tl.load(counts_ptr + req)
-        parts = req * num_splits
-        race, token = combine_argmax(race_key_ptr + parts, race_idx_ptr + parts, num_splits, SPLIT_BLOCK)
-        if count < num_draft:
-            _, fallback = combine_argmax(fall_key_ptr + parts, fall_idx_ptr + parts, num_splits, SPLIT_BLOCK)
-            token = tl.where(race > 0, token, fallback)
-        tl.store(tokens_ptr + req * (num_spec + 1) + count, token)
 
 
 # ------------------------------------------------------------------------ reference
@@ -294,9 +286,10 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
     fall_idx = torch.empty_like(race_idx)
     probs = target_logits if draft_probs is None else draft_probs
 
-    wrap_triton(_rs_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
+    wrap_triton(target_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
         target_logits, num_draft_tokens, temperature, part_key, part_idx, part_max, part_sum,
-        vocab, target_logits.stride(0), target_logits.stride(1), num_spec, num_splits, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
+        vocab, target_logits.stride(0), target_logits.stride(1), num_spec + 1, num_splits,
+        ROWS_OF_DRAFTS=True, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(_rs_chain_kernel)[(num_reqs, num_splits)](
         target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
@@ -306,9 +299,9 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
         HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
-    wrap_triton(_rs_finish_kernel)[(num_reqs,)](
-        num_draft_tokens, temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx,
-        num_spec, num_splits, SPLIT_BLOCK=SPLIT_BLOCK, num_warps=1,
+    wrap_triton(race_finish_kernel)[(num_reqs,)](
+        temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx, num_spec + 1, num_splits,
+        SPLIT_BLOCK=SPLIT_BLOCK, num_warps=1,
     )  # fmt: skip
     return tokens, counts
 
@@ -391,3 +384,46 @@ def rejection_sample(
     return _rejection_sample_op(
         draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt
     )
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_rejection_sample_values(
+    draft_tokens: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    vocab: int,
+    draft_probs: torch.Tensor | None = None,
+) -> None:
+    """rejection_sample: temperature finite and >= 0; 0 <= num_draft_tokens <= K;
+    draft ids in [0, vocab) for the first num_draft_tokens entries and -1 after;
+    draft_probs non-negative and finite."""
+    check_draft_sample_values(temperature)
+    num_spec = draft_tokens.shape[1]
+    drafts, counts = draft_tokens.tolist(), num_draft_tokens.tolist()
+    for b, (row, n) in enumerate(zip(drafts, counts, strict=True)):
+        if not 0 <= n <= num_spec:
+            raise ValueError(f"num_draft_tokens[{b}] = {n} is outside [0, K={num_spec}]")
+        for j, token in enumerate(row):
+            if j < n and not 0 <= token < vocab:
+                raise ValueError(f"draft_tokens[{b}, {j}] = {token} is outside [0, vocab={vocab})")
+            if j >= n and token != -1:
+                raise ValueError(f"draft_tokens[{b}, {j}] = {token} must be -1 past num_draft_tokens[{b}] = {n}")
+    if draft_probs is not None and not (torch.isfinite(draft_probs).all() and (draft_probs >= 0).all()):
+        raise ValueError("draft_probs must be finite and non-negative")
+    if draft_probs is not None:
+        # A sampled row's draft was drawn from draft_probs: probability 0 means the
+        # probabilities are not the ones it was drawn from (an all-zero row, say).
+        # Greedy rows read no draft_probs.
+        steps = torch.arange(num_spec, device=draft_tokens.device)
+        drafted = (steps < num_draft_tokens[:, None]) & (temperature > 0)[:, None]
+        q = draft_probs.gather(2, draft_tokens.long().clamp(min=0)[..., None])[..., 0]
+        bad = torch.nonzero(drafted & ~(q > 0))
+        if bad.numel():
+            b, j = (int(i) for i in bad[0])
+            token = drafts[b][j]
+            raise ValueError(
+                f"draft_probs[{b}, {j}, {token}] = {float(q[b, j])}: drafted token {token} has no "
+                "probability, so it cannot have been sampled from these draft_probs"
+            )

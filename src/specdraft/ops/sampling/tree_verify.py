@@ -52,8 +52,9 @@ nodes [B, D + 1] (node 0, then the accepted node at each depth, -1 after), token
 (accepted drafts), ranks [B, D] (sibling rank of each accepted draft, -1 after).
 Nodes deeper than D are never accepted.
 
-The Triton kernels are tree_verify_kernels.py's (statistics of every row, then one
-ascending pass over the nodes per request, then the race over the emitting row);
+The Triton kernels are verify_kernels.py's statistics of every row (shared with
+rejection_sample), tree_walk.py's ascending pass over the nodes per request, then
+verify_kernels.py's finish of the race over the emitting row;
 the reference below, their torch twin, walks one depth per step.
 """
 
@@ -65,13 +66,15 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
-from specdraft.value_checks import check_draft_sample_values, first_bad
+from specdraft.value_checks import first_bad
 
 from ..backend import NAMESPACE, cdiv, next_power_of_2, use_triton
 from ..common.fastmath import FAST_LOG2
+from .draft import check_draft_sample_values
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
+    check_request_params,
     check_salt,
     exponential2_torch,
     gumbel2_torch,
@@ -81,8 +84,9 @@ from .noise import (
     salt_key,
     uniform_torch,
 )
-from .scan import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK, check_request_params
-from .tree_verify_kernels import tree_finish_kernel, tree_stats_kernel, tree_walk_kernel
+from .tiles import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK
+from .tree_walk import tree_walk_kernel
+from .verify_kernels import race_finish_kernel, target_stats_kernel
 
 
 class AcceptedPath(NamedTuple):
@@ -204,9 +208,10 @@ def _launch(tree_tokens, parents, target_logits, temperature, seeds, positions, 
     fall_key, fall_idx = torch.empty_like(race_key), torch.empty_like(race_idx)
     strides = (target_logits.stride(0), target_logits.stride(1))
 
-    wrap_triton(tree_stats_kernel)[(num_reqs, num_nodes, num_splits)](
-        target_logits, temperature, part_key, part_idx, part_max, part_sum, vocab, *strides, num_nodes, num_splits,
-        CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
+    wrap_triton(target_stats_kernel)[(num_reqs, num_nodes, num_splits)](
+        target_logits, temperature, temperature, part_key, part_idx, part_max, part_sum,  # no num_draft: unread
+        vocab, *strides, num_nodes, num_splits,
+        ROWS_OF_DRAFTS=False, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(tree_walk_kernel)[(num_reqs, num_splits)](
         target_logits, tree_tokens, parents, temperature, seeds, positions, nodes, tokens, counts, ranks,
@@ -216,8 +221,8 @@ def _launch(tree_tokens, parents, target_logits, temperature, seeds, positions, 
         NODE_BLOCK=next_power_of_2(num_nodes), CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
-    wrap_triton(tree_finish_kernel)[(num_reqs,)](
-        temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx, max_depth, num_splits,
+    wrap_triton(race_finish_kernel)[(num_reqs,)](
+        temperature, tokens, counts, race_key, race_idx, fall_key, fall_idx, max_depth + 1, num_splits,
         SPLIT_BLOCK=SPLIT_BLOCK, num_warps=1,
     )  # fmt: skip
     return outs

@@ -1,46 +1,23 @@
-"""The multi-layer EAGLE input shift, applied to token ids, positions, slot
-mappings (`shift_and_cache_1d`) and hidden states (`shift_and_cache_hidden`); the
-per-request shift comes from `shift_plan` (shift_plan.py). This file holds the
-hidden-state op; the 1-D op is in shift_and_cache_1d.py (re-exported here), what
-both share (the cache refresh window, the reference's core, the argument checks) in
-common/shift_window.py.
-
-Each request owns a window [start, stop) of the packed token axis. Before a
-multi-layer draft pass the window is right-shifted by `shift` tokens; the vacated
-prefix is filled from a per-request cache holding the tail of the previous step's
-window, and the cache is then refreshed with the new tail ending at the token to
-sample:
-
-    dst[start + i] = cache[cached_len - shift + i]   for i < shift
-    dst[start + i] = src[start + i - shift]          otherwise
-    cache[m]       = dst[store_start + m]            for m < store_len, else 0
-
-Race-freedom. vLLM's kernel refreshes the cache in the same launch that reads it,
-from `dst` rows other programs write, and every token block of a request writes
-the cache another block may still be reading: wrong as soon as a window spans two
-blocks. Here the refreshed cache is computed from the *inputs* (src and the old
-cache) by the same formula as dst, and only token block 0 of each request reads or
-writes that request's cache, with a barrier between its reads and its writes. No
-program reads what another program writes, at any window length.
-"""
+"""`shift_and_cache_hidden`: the shift (this package's docstring) applied to hidden
+states [T, H]: a [tokens x hidden] tile per program, only token block 0 of a
+request touching its cache."""
 
 import torch
 from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, check_int_range, check_tensor_arg
-from specdraft.value_checks import check_shift_and_cache_values
 
-from .backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
+from ..backend import NAMESPACE, cdiv, next_power_of_2, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it calls.
-from .common.shift_window import CACHE_WIDTH, check_windows, shift_and_cache_rows_reference, store_window
-
-# Re-exported: the 1-D op and the cache limit were defined here before the split.
-from .common.shift_window import MAX_SHIFT_LIMIT as MAX_SHIFT_LIMIT
-from .shift_and_cache_1d import BLOCK_TOKENS_1D as BLOCK_TOKENS_1D
-from .shift_and_cache_1d import shift_and_cache_1d as shift_and_cache_1d
-from .shift_and_cache_1d import shift_and_cache_1d_reference as shift_and_cache_1d_reference
+from .window import (
+    CACHE_WIDTH,
+    check_shift_and_cache_values,
+    check_windows,
+    shift_and_cache_rows_reference,
+    store_window,
+)
 
 # Hidden states: a [tokens x hidden] tile per program; 32 x 256 keeps tiles small
 # enough for any hidden size while each row segment is a 512-byte (bf16) burst.

@@ -1,11 +1,9 @@
-"""The Triton kernels of tree verification (tree_verify.py, whose module docstring
-states the rule; the reference there is their torch twin): (1) `tree_stats_kernel`,
-per (request, node, vocab chunk), the argmax of every target row for greedy requests
-and its online-softmax max and sum for sampled ones; (2) `tree_walk_kernel`, per
-(request, vocab chunk), the walk, one ascending pass over the nodes (a node's
-children come after it; recomputed by every chunk program, chunk 0 writes the path),
-then the partial race over that chunk of the last node's row; (3)
-`tree_finish_kernel`, per request, the race's winner.
+"""The walk of tree verification (tree_verify.py, whose module docstring states the
+rule; the reference there is its torch twin): `tree_walk_kernel`, per (request,
+vocab chunk), one ascending pass over the nodes (a node's children come after it;
+recomputed by every chunk program, chunk 0 writes the path), then the partial race
+over that chunk of the last node's row. The statistics it reads and the finish that
+combines its races are verify_kernels.py's, shared with chain verification.
 
 Jit functions are imported by name: Inductor re-emits a user Triton kernel with the
 jit functions it calls, and a module attribute (noise.x) is not carried along.
@@ -19,12 +17,10 @@ from ..common.scan import (
     lane_argmax_finish,
     lane_argmax_init,
     lane_argmax_update,
-    lane_softmax_finish,
-    lane_softmax_init,
     scan_vocab,
 )
 from .noise import exponential2, gumbel_gain, noise_bits, row_key, uniform
-from .rejection_steps import argmax_step, gumbel_step, lane_softmax_step
+from .verify_kernels import gumbel_step
 
 # ------------------------------------------------------------------- walk pieces
 
@@ -49,7 +45,7 @@ def node_stats(part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, parts, gr
 def tree_residual_step(acc, x, side, idx, args, FAST: tl.constexpr):
     """Every child of node `cur` rejected: the exponential races r / E over the
     residual r (p with the children's tokens zeroed) and, as the fallback, over p.
-    p in base 2 as rejection's residual_race_step computes it. The children are the
+    p in base 2 as rejection.py's residual_race_step computes it. The children are the
     nodes k in [first_kid, last_kid] whose parent is `cur` (with EAGLE-2's layout, the
     topk siblings side by side); a token outside [0, V) matches no index."""
     race, race_idx, fall, fall_idx = acc
@@ -68,41 +64,6 @@ def tree_residual_step(acc, x, side, idx, args, FAST: tl.constexpr):
 
 
 # ----------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def tree_stats_kernel(
-    logits_ptr, temperature_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
-    vocab, req_stride, row_stride, num_nodes, num_splits,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
-):  # fmt: skip
-    req = tl.program_id(0).to(tl.int64)
-    node = tl.program_id(1)
-    split = tl.program_id(2)
-    temp = tl.load(temperature_ptr + req).to(tl.float32)
-    row_ptr = logits_ptr + req * req_stride + node * row_stride
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, vocab)
-    best, best_idx = lane_argmax_init(start, BLOCK)
-    run_max = tl.full([], float("-inf"), tl.float32)
-    run_sum = tl.full([], 0.0, tl.float32)
-    if temp <= 0:
-        best, best_idx = scan_vocab(
-            row_ptr, row_ptr, start, end, (best, best_idx), None, argmax_step, None, False, BLOCK
-        )
-    else:
-        lane_max, lane_sum = lane_softmax_init(BLOCK)
-        lane_max, lane_sum = scan_vocab(
-            row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step, FAST_LOG2,
-            False, BLOCK,
-        )  # fmt: skip
-        run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
-    best, best_idx = lane_argmax_finish(best, best_idx)
-    part = (req * num_nodes + node) * num_splits + split
-    tl.store(part_key_ptr + part, best)
-    tl.store(part_idx_ptr + part, best_idx)
-    tl.store(part_max_ptr + part, run_max)
-    tl.store(part_sum_ptr + part, run_sum)
 
 
 @triton.jit
@@ -212,18 +173,3 @@ def tree_walk_kernel(
         tl.store(race_idx_ptr + part, race_idx)
         tl.store(fall_key_ptr + part, fall)
         tl.store(fall_idx_ptr + part, fall_idx)
-
-
-@triton.jit
-def tree_finish_kernel(
-    temperature_ptr, tokens_ptr, counts_ptr, race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,
-    max_depth, num_splits, SPLIT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    req = tl.program_id(0).to(tl.int64)
-    temp = tl.load(temperature_ptr + req).to(tl.float32)
-    if not (temp <= 0):
-        parts = req * num_splits
-        race, token = combine_argmax(race_key_ptr + parts, race_idx_ptr + parts, num_splits, SPLIT_BLOCK)
-        _, fallback = combine_argmax(fall_key_ptr + parts, fall_idx_ptr + parts, num_splits, SPLIT_BLOCK)
-        token = tl.where(race > 0, token, fallback)  # at a leaf both are the Gumbel-max winner
-        tl.store(tokens_ptr + req * (max_depth + 1) + tl.load(counts_ptr + req), token)

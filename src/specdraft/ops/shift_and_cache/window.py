@@ -1,14 +1,15 @@
-"""What the two shift ops (shift_and_cache.py: hidden states; shift_and_cache_1d.py:
-token ids, positions, slot mappings) share: the widest per-request cache, the rows a
+"""What the two shift ops (hidden.py: hidden states; one_d.py: token ids, positions,
+slot mappings) share: the widest per-request cache, the rows a
 request's cache is refreshed from (`store_window`, in Triton), the op's whole
 reference on the canonical layout (tokens on dim 0, in torch) and the checks of the
-per-request window arguments. The algorithm: shift_and_cache.py's docstring.
+per-request window arguments. The algorithm: this package's docstring.
 """
 
 import torch
 
 from specdraft.checks import INDEX_DTYPES, at_least, between, check_tensor_arg
 from specdraft.layout import window_of
+from specdraft.value_checks import window_lengths
 
 from ..backend import tl, triton
 
@@ -102,3 +103,30 @@ def check_windows(query_start_loc, token_indices_to_sample, shift, cached_lens, 
     check_tensor_arg("shift", shift, INDEX_DTYPES, shape=(num_reqs,), device_of=device_of)
     check_tensor_arg("cached_lens", cached_lens, INDEX_DTYPES, shape=(num_reqs,), device_of=device_of)
     return num_reqs
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_shift_and_cache_values(
+    query_start_loc: torch.Tensor,
+    token_indices_to_sample: torch.Tensor,
+    shift: torch.Tensor,
+    cached_lens: torch.Tensor,
+    max_shift: int,
+    num_tokens: int | None = None,
+) -> None:
+    """A shift-and-cache input: query_start_loc from 0, non-decreasing, within
+    num_tokens; 0 <= cached_lens <= max_shift; 0 <= shift <= cached_lens; a sample
+    index inside its (non-empty) window."""
+    lens = window_lengths(query_start_loc, num_tokens)
+    qsl = query_start_loc.tolist()
+    samples, shifts, cached = token_indices_to_sample.tolist(), shift.tolist(), cached_lens.tolist()
+    for b, n in enumerate(lens):
+        start, stop = qsl[b], qsl[b + 1]
+        if not 0 <= cached[b] <= max_shift:
+            raise ValueError(f"cached_lens[{b}] = {cached[b]} is outside [0, max_shift={max_shift}]")
+        if not 0 <= shifts[b] <= cached[b]:
+            raise ValueError(f"shift[{b}] = {shifts[b]} is outside [0, cached_lens[{b}]={cached[b]}]")
+        if n > 0 and not start <= samples[b] < stop:
+            raise ValueError(f"token_indices_to_sample[{b}] = {samples[b]} is outside its window [{start}, {stop})")

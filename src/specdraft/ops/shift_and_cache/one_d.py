@@ -1,6 +1,6 @@
-"""The 1-D shift (`shift_and_cache_1d`): token ids, positions (M-RoPE [3, T] too) and
-slot mappings, shifted in their windows and cached; shift_and_cache.py describes the
-op and holds its hidden-state twin, common/shift_window.py what the two share.
+"""`shift_and_cache_1d`: the shift (this package's docstring) applied to token ids,
+positions (M-RoPE [3, T] too) and slot mappings, shifted in their windows and
+cached; hidden.py holds its hidden-state twin, window.py what the two share.
 """
 
 import torch
@@ -8,12 +8,17 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checked_mode import is_checked
 from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
-from specdraft.value_checks import check_shift_and_cache_values
 
-from .backend import NAMESPACE, next_power_of_2, tl, triton, use_triton
+from ..backend import NAMESPACE, next_power_of_2, tl, triton, use_triton
 
 # Imported by name: Inductor re-emits a user Triton kernel with the jit functions it calls.
-from .common.shift_window import CACHE_WIDTH, check_windows, shift_and_cache_rows_reference, store_window
+from .window import (
+    CACHE_WIDTH,
+    check_shift_and_cache_values,
+    check_windows,
+    shift_and_cache_rows_reference,
+    store_window,
+)
 
 # One program copies a run of tokens of one row of one request.
 BLOCK_TOKENS_1D = 256
