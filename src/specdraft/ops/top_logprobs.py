@@ -5,10 +5,10 @@ A draft tree expands every frontier node to its k likeliest draft tokens at ever
 step. Done in torch that is a log-softmax over the vocabulary, then k argmax passes
 (a sort of the row is far more work), each its own kernel: on an 8B-shaped EAGLE-3
 head at depth 7 they were about 36 µs of every tree step and most of what a tree
-iteration spent beyond its model calls (benchmarks/README.md, "The 8B-shaped tree
-iteration against its floor, settled, then brought under 1.05"). The kernel reads each row once: an online log-sum-exp, and a
-running list of the k best entries merged block by block (a block that cannot beat
-the list's last entry is skipped after one max).
+iteration spent beyond its model calls (benchmarks/README.md, "Llama-3-8B-shaped
+target, all 32 layers, B = 1"). The kernel reads each row once: an online
+log-sum-exp, and a running list of the k best entries merged block by block (a
+block that cannot beat the list's last entry is skipped after one max).
 
 Order: by logit, highest first, ties to the lower index; NaN ranks as -inf (as
 `tree_expand` and `tree_select` rank scores). A row's log-probabilities are its
