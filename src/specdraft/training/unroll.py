@@ -36,9 +36,9 @@ handed the unroll's attention (ContextAttention, ChainStepAttention,
 OwnRowsAttention) in place of the paged cache's. That attention is
 specdraft.training.attention: all T chains of a step in one call, the first pass's
 (or the shared rows') keys as context plus one diagonal block per earlier chain
-step. Why not the paged KV cache of specdraft.models: it attends one
-request window at a time, so T chains would gather T copies of their prefix ([T, L]
-keys per step), and training would write autograd-tracked keys into cache buffers.
+step. Why not the paged KV cache of specdraft.models: it attends one request window
+at a time, so T chains would gather T copies of their prefix ([T, L] keys per
+step), and training would write autograd-tracked keys into cache buffers.
 Here nothing is cached: every tensor is a function of the inputs, so a training step
 differentiates through it and an evaluation leaves no state behind.
 """
