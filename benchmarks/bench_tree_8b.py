@@ -42,7 +42,6 @@ from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
 from specdraft.generation.verify import tree_batch, window_batch
 from specdraft.proposers import EagleProposer
-from specdraft.proposers.loop import sample_rows
 from specdraft.proposers.tree import empty_buffers, feed_frontier
 
 DEFAULT_ACCEPTANCE = [table_path("tree", RESULTS)]
@@ -110,7 +109,6 @@ def tree_floor_fns(dev: Device, decoder, state, requests):
         return head.compute_logits(h_sample.index_select(0, rows)), h_next.index_select(0, rows)
 
     batch = state.lens.shape[0]
-    _, seq_lens = sample_rows(metadata, None, None)
     fed = state.drafts[:, : tree.topk].long()
     hidden = torch.zeros(batch * tree.topk, head.config.hidden_size, dtype=aux.dtype, device=aux.device)
     node_pos = (state.lens + 1).repeat_interleave(tree.topk)
@@ -121,8 +119,8 @@ def tree_floor_fns(dev: Device, decoder, state, requests):
     visible[:, lane, lane] = True
 
     def tree_step():
-        h_sample, h_next = feed_frontier(head, caches, fed, hidden, node_pos, 1, dict(buffers), visible, metadata,
-                                         seq_lens)  # fmt: skip
+        # The window's batch: seq_lens count each root, as the roots' step batch does.
+        h_sample, h_next = feed_frontier(head, caches, fed, hidden, node_pos, 1, dict(buffers), visible, metadata)
         return head.draft_logits(h_sample, 1).argmax(-1), h_next
 
     fns = [target_forward, first_pass] + ([tree_step] if tree.depth > 1 else [])

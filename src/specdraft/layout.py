@@ -67,8 +67,9 @@ class TreeBatchMetadata(BatchMetadata):
     """A target verify pass over a draft tree: N nodes per request (max_query_len =
     N, every query length N), node i of request b at sequence index prefix_lens[b] +
     i (its KV slot), seeing the request's first prefix_lens[b] keys and the nodes j
-    with ancestors[b, i, j] (itself and its ancestors). Attention layers take this
-    type to mean tree attention (models.attention.paged_tree_attention)."""
+    with ancestors[b, i, j] (itself and its ancestors). A pass over the paged cache
+    with this type runs tree attention (models.cache_attention picks it, outside
+    the layers)."""
 
     prefix_lens: torch.Tensor | None = None  # [B] int64
     ancestors: torch.Tensor | None = None  # [B, N, N] bool

@@ -1,34 +1,43 @@
 """Llama-style building blocks shared by the draft heads and the tiny target model:
-RMSNorm, self-attention over the paged KV cache, SwiGLU MLP, and the decoder layer.
-Parameter names follow the Hugging Face Llama names so checkpoints load by name.
+RMSNorm, self-attention, SwiGLU MLP, and the decoder layer. Parameter names follow
+the Hugging Face Llama names so checkpoints load by name.
+
+A layer does not know which attention it runs: its forward takes `attend(q, k, v) ->
+[T, heads, head_dim]` (before o_proj), the way gpt-fast's TransformerBlock takes its
+mask. The callables over the paged KV cache (serving, the target's verify over draft
+trees) are specdraft.models.cache_attention's; the tree drafter and the training
+unroll pass their own. One body serves them all: project (q, k, v with RoPE) ->
+attend -> finish (o_proj, residual, MLP).
 
 Under torch.compile the two heavy parts of a layer are *nested compile regions*
-(torch.compiler.nested_compile_region): paged attention with its output projection,
-and the MLP. A region is traced and compiled once per distinct input signature and
-then called again wherever it repeats: the target's N layers share one compiled
-attention and one MLP, the draft's K - 1 single-token steps another pair. Without
-regions every layer instance is traced, lowered and compiled anew, and compile time
-grows with N + K. What stays outside is cheap and region-unfriendly: the norms (a
-float eps, which Dynamo cannot lift into a region under dynamic=True), RoPE (a float
-theta, likewise), and the KV-cache write (a mutation, which older versions of torch
-cannot functionalize inside a region). In eager mode a region is a plain call.
-SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
+(torch.compiler.nested_compile_region): paged attention (cache_attention) and the
+MLP. A region is traced and compiled once per distinct input signature and then
+called again wherever it repeats: the target's N layers share one compiled attention
+and one MLP, the draft's K - 1 single-token steps another pair. Without regions
+every layer instance is traced, lowered and compiled anew, and compile time grows
+with N + K. What stays outside is cheap and region-unfriendly: the norms (a float
+eps, which Dynamo cannot lift into a region under dynamic=True), RoPE (a float
+theta, likewise), the projections, and the KV-cache write (a mutation, which older
+versions of torch cannot functionalize inside a region). In eager mode a region is a
+plain call. SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.layout import TreeBatchMetadata
-from specdraft.models.attention import paged_attention, paged_tree_attention
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.kv_cache import write_kv_cache
 from specdraft.models.rope import RotaryEmbedding
+
+# attend(q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) -> [T, heads, D]:
+# the attention a layer is handed, before o_proj.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _no_region(fn):
@@ -76,9 +85,9 @@ class RMSNorm(nn.Module):
 
 class SelfAttention(nn.Module):
     """q/k/v/o projections (biases per config.attention_bias / o_proj_bias), Qwen3's
-    per-head q / k RMSNorm when config.qk_norm, RoPE / scaled RoPE / M-RoPE, cache
-    write through slot_mapping, paged attention. `input_size` is the projection input
-    (2 * hidden for EAGLE-3)."""
+    per-head q / k RMSNorm when config.qk_norm, RoPE / scaled RoPE / M-RoPE; the
+    attention between them is the caller's `attend`. `input_size` is the projection
+    input (2 * hidden for EAGLE-3)."""
 
     def __init__(self, config: DraftModelConfig, input_size: int | None = None) -> None:
         super().__init__()
@@ -96,7 +105,7 @@ class SelfAttention(nn.Module):
 
     def project(self, positions, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, D], k and v [T, kv_heads, D]: the projections, Qwen3's per-head
-        norm, RoPE at `positions`. Also what the training unroll attends with."""
+        norm, RoPE at `positions`."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
@@ -109,29 +118,6 @@ class SelfAttention(nn.Module):
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj of the attention output [T, heads, D] -> [T, hidden]."""
         return self.o_proj(attn_out.reshape(attn_out.shape[0], self.num_heads * self.head_dim))
-
-    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
-        q, k, v = self.project(positions, x)
-        write_kv_cache(kv_cache, k, v, attn_metadata.slot_mapping)
-        m = attn_metadata
-        if isinstance(m, TreeBatchMetadata):  # a target verify pass over draft trees
-            return self.attend_tree(q, kv_cache, m.prefix_lens, m.block_table, m.max_seq_len, m.ancestors)
-        # The metadata goes into the region as tensors and the Python ints that fix its shapes.
-        return self.attend(q, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len, m.max_seq_len)
-
-    def attend_tree(self, q, kv_cache, prefix_lens, block_table, max_seq_len, ancestors) -> torch.Tensor:
-        """o_proj of tree attention: q [B * N, heads, D], N nodes per request."""
-        batch, num_nodes = ancestors.shape[:2]
-        out = paged_tree_attention(q.view(batch, num_nodes, *q.shape[1:]), kv_cache, prefix_lens, block_table,
-                                   max_seq_len, ancestors)  # fmt: skip
-        return self.output(out.reshape(batch * num_nodes, *out.shape[2:]))
-
-    @compile_region
-    def attend(self, q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len) -> torch.Tensor:
-        """o_proj of paged attention over a cache that already holds this step's keys."""
-        return self.output(
-            paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
-        )
 
 
 class SwiGLU(nn.Module):
@@ -159,21 +145,22 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = SwiGLU(h, config.intermediate_size)
 
-    def forward(self, positions, x, kv_cache, attn_metadata) -> torch.Tensor:
+    def forward(self, positions, x, attend: Attend) -> torch.Tensor:
         attn_input, residual = self.attention_input(x)
-        return self.attend_and_mlp(positions, attn_input, residual, kv_cache, attn_metadata)
+        return self.attend_and_mlp(positions, attn_input, residual, attend)
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(what attention reads, the residual) of the layer's input x."""
         return (x if self.input_layernorm is None else self.input_layernorm(x)), x
 
-    def attend_and_mlp(self, positions, attn_input, residual, kv_cache, attn_metadata) -> torch.Tensor:
-        """The layer after its input norm: residual + attention over the paged cache, then + MLP."""
-        return self.mlp_block(residual + self.self_attn(positions, attn_input, kv_cache, attn_metadata))
+    def attend_and_mlp(self, positions, attn_input, residual, attend: Attend) -> torch.Tensor:
+        """The layer after its input norm: q, k, v of attn_input at `positions`, the
+        caller's attention over them, then `finish`."""
+        q, k, v = self.self_attn.project(positions, attn_input)
+        return self.finish(attend(q, k, v), residual)
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The layer after an attention computed elsewhere (the training unroll's, over
-        every chain at once): attn_out [T, heads, D] -> o_proj, residual, then + MLP."""
+        """attn_out [T, heads, D] -> o_proj, + residual, then + MLP."""
         return self.mlp_block(residual + self.self_attn.output(attn_out))
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:

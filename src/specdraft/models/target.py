@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdraft.models.cache_attention import cache_attention, metadata_for_layer
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.heads import check_shareable, metadata_for_layer
+from specdraft.models.heads import check_shareable
 from specdraft.models.kv_cache import allocate_kv_caches
 from specdraft.models.layers import DecoderLayer, RMSNorm
 
@@ -73,7 +74,7 @@ class TinyTargetModel(nn.Module):
         entering = []  # the residual stream entering each layer
         for i, layer in enumerate(self.layers):
             entering.append(h)
-            h = layer(positions, h, kv_caches[i], metadata_for_layer(attn_metadata, i))
+            h = layer(positions, h, cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i)))
         aux = torch.cat([entering[i] for i in aux_layers], dim=-1) if aux_layers else None
         return self.norm(h), aux
 

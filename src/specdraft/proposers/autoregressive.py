@@ -46,6 +46,7 @@ from specdraft.proposers.loop import (
     DraftSampler,
     StepState,
     TargetWindow,
+    WindowPass,
     advance,
     allocate_draft_probs,
     clamp_ids,
@@ -225,11 +226,12 @@ class AutoregressiveSpeculator(Proposer):
     def window_pass(
         self, target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata, sampling=None, *,
         num_rejected_tokens=None, inputs_embeds=None,
-    ) -> tuple[torch.Tensor, StepState]:  # fmt: skip
+    ) -> WindowPass:  # fmt: skip
         """The LM over each request's kept window plus its next token (module doc:
         the layout of the prefill), after the argument checks. Returns the output at
         the next tokens' rows [B, H] and the step state of the token fed after them
-        (the next token's position, slot and seq_len; its hidden state)."""
+        (the next token's position, slot and seq_len; its hidden state): the
+        WindowPass an EAGLE head's window pass returns (loop.window_pass)."""
         window = self.checked_window(
             TargetWindow(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
                          num_rejected_tokens=num_rejected_tokens),
@@ -271,7 +273,7 @@ class AutoregressiveSpeculator(Proposer):
             inputs_embeds=embeds,
         )
         state.hidden_states = h_next.index_select(0, new_index)
-        return h_sample.index_select(0, new_index), state
+        return WindowPass(h_sample.index_select(0, new_index), state)
 
     @torch.no_grad()
     def propose_tree(
@@ -294,9 +296,9 @@ class AutoregressiveSpeculator(Proposer):
         returns (the drafts are the LM's top-k: deterministic, at any temperature)."""
         check_tree_shape("shape", shape)
         check_tree_lm(self.model)
-        h_root, root_state = self.window_pass(target_token_ids, target_positions, target_hidden_states,
-                                              next_token_ids, metadata, num_rejected_tokens=num_rejected_tokens)  # fmt: skip
-        return draft_lm_tree(self.model, self.kv_caches, self.config, h_root, root_state, next_token_ids, shape,
+        root = self.window_pass(target_token_ids, target_positions, target_hidden_states, next_token_ids, metadata,
+                                num_rejected_tokens=num_rejected_tokens)  # fmt: skip
+        return draft_lm_tree(self.model, self.kv_caches, self.config, root, next_token_ids, shape,
                              return_logprobs=return_logprobs)  # fmt: skip
 
     def decode(self, state: PrefillState) -> DraftOutput:

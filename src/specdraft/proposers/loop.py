@@ -1,6 +1,7 @@
 """The propose loop, as free functions that read top to bottom:
 
-    draft_k_tokens   first_pass -> sample -> decode_n_tokens          (EAGLE, EAGLE-3, MTP)
+    draft_k_tokens   window_pass -> sample -> decode_n_tokens         (EAGLE, EAGLE-3, MTP)
+    window_pass      shift ids -> first_pass -> first step state      (shared with the tree, tree.py)
     decode_n_tokens  K - 1 times: advance -> decode_one_token -> sample
     draft_chained    K whole-window passes, one MTP layer each        (multi-layer EAGLE)
 
@@ -74,6 +75,16 @@ class StepState:
     hidden_states: torch.Tensor
     batch: BatchMetadata
     seq_index: torch.Tensor | None = None
+
+
+class WindowPass(NamedTuple):
+    """What a draft's pass over the target's window leaves for drafting, chain or
+    tree alike: hidden [B, H], the output at each request's sampled row (draft token
+    0's logits, or the tree root's, come from it), and the step state of the token
+    fed next (its hidden state; the request's position, seq_len and batch)."""
+
+    hidden: torch.Tensor
+    state: StepState
 
 
 Advance = Callable[[StepState, int], None]
@@ -239,6 +250,22 @@ def first_pass(model, kv_caches, input_ids, positions, hidden_states, attention_
     return h_sample.index_select(0, sample_index), h_next.index_select(0, sample_index)
 
 
+def window_pass(model, kv_caches, window: TargetWindow, attention: Attention = one_group) -> WindowPass:
+    """EAGLE's pass over the target's windows, shared by the chain and the tree: ids
+    shifted by one (each request's next token at its sample index), the first pass,
+    and the state of every request sitting on its sampled token.
+    window.metadata's max_seq_len is resolved (`resolve_max_seq_len`)."""
+    metadata, positions = window.metadata, window.positions
+    sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
+    shifted = shift_input_ids(window.token_ids, window.next_token_ids, sample_index)
+    input_ids = clamp_ids(shifted, model.config.vocab_size)
+    hidden_states = model.combine_hidden_states(window.hidden_states)
+    h_sample, h_next = first_pass(
+        model, kv_caches, input_ids, positions, hidden_states, attention(metadata), sample_index
+    )
+    return WindowPass(h_sample, first_step_state(positions, sample_index, seq_lens, h_next, metadata))
+
+
 def decode_one_token(model, kv_caches, token_ids, state: StepState, attention: Attention, step: int):
     """One single-token forward of every request; returns its logits."""
     h_sample, state.hidden_states = model(
@@ -267,20 +294,11 @@ def draft_k_tokens(
     model, kv_caches, config: SpeculativeConfig, window: TargetWindow, sampling: SamplingParams | None, *,
     advance: Advance, attention: Attention = one_group,
 ) -> DraftOutput:  # fmt: skip
-    """EAGLE's loop: a first pass over the target's windows (ids shifted by one, each
-    request's next token at its sample index), then K - 1 single-token steps.
+    """EAGLE's loop: the window pass (`window_pass`), then K - 1 single-token steps.
     window.metadata's max_seq_len is resolved (`resolve_max_seq_len`)."""
-    metadata, positions = window.metadata, window.positions
-    num_reqs, device = metadata.num_reqs, window.token_ids.device
-    sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
-    shifted = shift_input_ids(window.token_ids, window.next_token_ids, sample_index)
-    input_ids = clamp_ids(shifted, model.config.vocab_size)
-    hidden_states = model.combine_hidden_states(window.hidden_states)
-    h_sample, h_next = first_pass(
-        model, kv_caches, input_ids, positions, hidden_states, attention(metadata), sample_index
-    )
+    num_reqs, device = window.metadata.num_reqs, window.token_ids.device
+    h_sample, state = window_pass(model, kv_caches, window, attention)
     sample = DraftSampler(config, sampling, allocate_draft_probs(config, model.config.vocab_size, num_reqs, device))
-    state = first_step_state(positions, sample_index, seq_lens, h_next, metadata)
     step_index = step_counter(sample.probs, 0, device)
     first = sample.step(model.compute_logits(h_sample, spec_step_idx=0), state, step_index)
     tokens = decode_n_tokens(

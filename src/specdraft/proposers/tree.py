@@ -1,16 +1,18 @@
 """EAGLE-2 tree drafting with exact draft attention, in static shapes.
 
-    draft_tree   first_pass -> grow_tree: expand_root -> (depth - 1) x [feed_frontier -> expand_frontier]
+    draft_tree   window_pass -> grow_tree: expand_root -> (depth - 1) x [feed_frontier -> expand_frontier]
                  -> select_tree
 
-The first pass is the chain's (`loop.first_pass`): the draft over the target's
+The window pass is the chain's (`loop.window_pass`): the draft over the target's
 window, ending on the root (the token the target emitted last). The root's logits
 give its topk children (tree_build.expand_root). Each later step feeds the topk
 frontier nodes of every request at once, B * topk rows, each at position root + its
-depth, with the hidden state its parent's forward produced (what a chain feeds).
+depth, with the hidden state its parent's forward produced (what a chain feeds):
+the head's own draft step (DraftHead.step), handed the tree's attention
+(`frontier_attention`).
 
 Draft attention is exact: a node sees its request's prefix in the paged cache (the
-root's key last, written by the first pass) and the keys of its own ancestors and
+root's key last, written by the window pass) and the keys of its own ancestors and
 itself, nothing else. The fed nodes' keys go to a per-call buffer [B, (depth - 1) *
 topk, kv_heads, head_dim] (step s, lane f at (s - 1) * topk + f), never to the paged
 cache, so no slot a chain or another request reads is written; a node's visible
@@ -27,16 +29,10 @@ from typing import NamedTuple
 import torch
 
 from specdraft.config import SpeculativeConfig
-from specdraft.layout import position_rows
+from specdraft.layout import BatchMetadata
 from specdraft.models.attention import prefix_and_tree_attention
 from specdraft.ops import top_logprobs, tree_positions
-from specdraft.proposers.loop import (
-    TargetWindow,
-    clamp_ids,
-    first_pass,
-    sample_rows,
-    shift_input_ids,
-)
+from specdraft.proposers.loop import TargetWindow, WindowPass, clamp_ids, window_pass
 from specdraft.proposers.tree_build import (
     DraftTree,
     TreePool,
@@ -85,37 +81,39 @@ def node_positions(root_positions: torch.Tensor, depth: int, count: int, max_mod
     return tree_positions(root_positions.contiguous(), depths, max_model_len).flatten(-2)
 
 
-def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffers: dict, visible, metadata, seq_lens):
-    """One tree step: the frontier's B * topk nodes through the head's step layer,
-    their keys into the step's buffer slots, attention over prefix + visible buffer.
-    Returns (hidden for sampling, hidden for the next step), [B * topk, H] each."""
-    layer, cache = model.step_layer(step), model.kv_layer(step)
-    emb = model.embed_input_ids(clamp_ids(tokens.reshape(-1), model.config.vocab_size))
-    attn_input, residual = model.step_input(layer, emb, model.step_hidden(hidden).to(emb.dtype), positions)
-    out = attend_frontier(layer, attn_input, positions, tokens.shape, step, buffers, cache, kv_caches[cache], visible,
-                          metadata, seq_lens)  # fmt: skip
-    return model.step_outputs(layer, layer.finish(out, residual))
+def feed_frontier(model, kv_caches, tokens, hidden, positions, step: int, buffers: dict, visible,
+                  batch: BatchMetadata):  # fmt: skip
+    """One tree step: the frontier's B * topk nodes through the head's draft step,
+    with `frontier_attention` over the step's KV layer. batch: the roots' step batch
+    (seq_lens counting the root, the requests' block table). Returns (hidden for
+    sampling, hidden for the next step), [B * topk, H] each."""
+    cache = model.kv_layer(step)
+    attend = frontier_attention(kv_caches[cache], batch, buffers, cache, step, tokens.shape, visible)
+    return model.step(clamp_ids(tokens.reshape(-1), model.config.vocab_size), positions, hidden, step, attend)
 
 
-def attend_frontier(layer, attn_input, positions, shape, step: int, buffers, key, kv_cache, visible, metadata,
-                    seq_lens) -> torch.Tensor:  # fmt: skip
-    """One layer's attention for the B * topk frontier nodes of tree step `step`
-    (shape: (B, topk)): their keys and values go to buffers[key]'s step slots (a new
-    pair of tensors: the buffers are graph values, not state), then each node attends
-    to its request's prefix in kv_cache and to the buffer entries `visible` marks.
-    Returns the attention output [B * topk, heads, head_dim], before o_proj."""
-    batch, topk = shape
-    q, k, v = layer.self_attn.project(positions, attn_input)
+def frontier_attention(kv_cache, batch: BatchMetadata, buffers: dict, key, step: int, shape, visible):
+    """The attention of one layer for the B * topk frontier nodes of tree step
+    `step` (shape: (B, topk)): their keys and values go to buffers[key]'s step slots
+    (a new pair of tensors: the buffers are graph values, not state), then each node
+    attends to its request's prefix in kv_cache (batch.seq_lens keys, the root last)
+    and to the buffer entries `visible` marks. attend(q, k, v) -> [B * topk, heads,
+    head_dim], before o_proj (models.layers)."""
+    num_reqs, topk = shape
     lanes = slice((step - 1) * topk, step * topk)
-    keys, values = (t.clone() for t in buffers[key])
-    keys[:, lanes] = k.view(batch, topk, *k.shape[1:])
-    values[:, lanes] = v.view(batch, topk, *v.shape[1:])
-    buffers[key] = keys, values
-    out = prefix_and_tree_attention(
-        q.view(batch, topk, *q.shape[1:]), kv_cache, seq_lens, metadata.block_table, metadata.max_seq_len,
-        keys, values, visible,
-    )  # fmt: skip
-    return out.reshape(batch * topk, *out.shape[2:])
+
+    def attend(q, k, v):
+        keys, values = (t.clone() for t in buffers[key])
+        keys[:, lanes] = k.view(num_reqs, topk, *k.shape[1:])
+        values[:, lanes] = v.view(num_reqs, topk, *v.shape[1:])
+        buffers[key] = keys, values
+        out = prefix_and_tree_attention(
+            q.view(num_reqs, topk, *q.shape[1:]), kv_cache, batch.seq_lens, batch.block_table, batch.max_seq_len,
+            keys, values, visible,
+        )  # fmt: skip
+        return out.reshape(num_reqs * topk, *out.shape[2:])
+
+    return attend
 
 
 def empty_buffers(model, kv_caches, batch: int, tree: TreeShape) -> dict:
@@ -138,46 +136,32 @@ def draft_tree(
 ) -> TreeDraftOutput:  # fmt: skip
     """The EAGLE-2 tree of every request (module docstring). window.metadata's
     max_seq_len is resolved (Proposer.checked_window)."""
-    metadata, positions = window.metadata, window.positions
-    batch = metadata.num_reqs
-    sample_index, seq_lens = sample_rows(metadata, window.token_indices_to_sample, window.num_rejected_tokens)
-    input_ids = clamp_ids(shift_input_ids(window.token_ids, window.next_token_ids, sample_index),
-                          model.config.vocab_size)  # fmt: skip
-    hidden_states = model.combine_hidden_states(window.hidden_states)
-    h_sample, h_next = first_pass(model, kv_caches, input_ids, positions, hidden_states, metadata, sample_index)
-    buffers = empty_buffers(model, kv_caches, batch, shape)
+    root = window_pass(model, kv_caches, window)
+    buffers = empty_buffers(model, kv_caches, window.metadata.num_reqs, shape)
 
     def feed(tokens, hidden, node_pos, step, visible):
-        return feed_frontier(model, kv_caches, tokens, hidden, node_pos, step, buffers, visible, metadata, seq_lens)
+        return feed_frontier(model, kv_caches, tokens, hidden, node_pos, step, buffers, visible, root.state.batch)
 
-    root = TreeRoot(model.draft_logits(h_sample, 0), h_next, position_rows(positions, sample_index))
     return grow_tree(model, config, shape, root, feed, window.next_token_ids, return_logprobs)
 
 
-class TreeRoot(NamedTuple):
-    """What a draft's pass over the target's window leaves for the tree: the root's
-    draft logits [B, Vd], the hidden state its children are fed with [B, H] and its
-    position ([B], or [3, B] with M-RoPE)."""
-
-    logits: torch.Tensor
-    hidden: torch.Tensor
-    positions: torch.Tensor
-
-
-def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: TreeRoot, feed, next_token_ids,
+def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: WindowPass, feed, next_token_ids,
               return_logprobs: bool = False) -> TreeDraftOutput:  # fmt: skip
     """expand_root, then (depth - 1) x [feed the frontier -> expand_frontier], then
-    select_tree. feed(tokens [B, topk], hidden [B * topk, H], positions, step,
-    visible [B, topk, (depth - 1) * topk]) runs the draft over the frontier and
-    returns (hidden for its logits, hidden for the next step); the draft's own layers
-    decide what that is (tree.feed_frontier: an EAGLE head's step layer,
-    tree_lm.feed_lm_frontier: every layer of a standalone LM)."""
+    select_tree. root: the draft's window pass (the root's output, and its step
+    state: the hidden state its children are fed with, its clamped position).
+    feed(tokens [B, topk], hidden [B * topk, H], positions, step, visible [B, topk,
+    (depth - 1) * topk]) runs the draft over the frontier and returns (hidden for its
+    logits, hidden for the next step); the draft's own layers decide what that is
+    (tree.feed_frontier: an EAGLE head's draft step, tree_lm.feed_lm_frontier: every
+    layer of a standalone LM)."""
     batch, topk = next_token_ids.shape[0], shape.topk
-    tokens, logprobs, root_logprobs = top_children(root.logits, topk, model, return_logprobs)
+    tokens, logprobs, root_logprobs = top_children(model.draft_logits(root.hidden, 0), topk, model, return_logprobs)
     pool, frontier = expand_root(tokens, logprobs)
     slots = (shape.depth - 1) * topk
-    device = root.hidden.device
-    hidden = root.hidden.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
+    root_hidden, root_positions = root.state.hidden_states, root.state.clamped_positions
+    device = root_hidden.device
+    hidden = root_hidden.repeat_interleave(topk, dim=0)  # every depth-1 node's parent is the root
     ancestry = torch.zeros(batch, topk, slots, dtype=torch.bool, device=device)  # buffer entries seen
     lane = torch.arange(topk, device=device)
     step_logprobs, step_index = [], []
@@ -185,7 +169,7 @@ def grow_tree(model, config: SpeculativeConfig, shape: TreeShape, root: TreeRoot
         fed = pool.tokens.gather(1, frontier.index)
         visible = ancestry.clone()
         visible[:, lane, (step - 1) * topk + lane] = True  # each node sees itself
-        node_pos = node_positions(root.positions, step, topk, config.max_model_len)
+        node_pos = node_positions(root_positions, step, topk, config.max_model_len)
         h_sample, h_next = feed(fed, hidden, node_pos, step, visible)
         children, child_logprobs, all_logprobs = top_children(model.draft_logits(h_sample, step), topk, model,
                                                              return_logprobs)  # fmt: skip

@@ -31,11 +31,14 @@ follows the proposers; the max_model_len clamp of `step_metadata` is not modelle
 Step k at row t drafts the token at row t + k + 2, which the target predicts from
 row t + k + 1: `valid[k, t]` says that row exists in t's sequence.
 
-Attention is specdraft.training.attention: all T chains of a step in one call, the
-first pass's (or the shared rows') keys as context plus one diagonal block per
-earlier chain step. Why not the paged KV cache of specdraft.models: it attends one
-request window at a time, so T chains would gather T copies of their prefix ([T, L]
-keys per step), and training would write autograd-tracked keys into cache buffers.
+Every pass is the head's own draft step (DraftHead.step, the one serving runs),
+handed the unroll's attention (ContextAttention, ChainStepAttention,
+OwnRowsAttention) in place of the paged cache's. That attention is
+specdraft.training.attention: all T chains of a step in one call, the first pass's
+(or the shared rows') keys as context plus one diagonal block per earlier chain
+step. Why not the paged KV cache of specdraft.models: it attends one request window
+at a time, so T chains would gather T copies of their prefix ([T, L] keys per
+step), and training would write autograd-tracked keys into cache buffers.
 Here nothing is cached: every tensor is a function of the inputs, so a training step
 differentiates through it and an evaluation leaves no state behind.
 """
@@ -189,48 +192,80 @@ def sample_step(head, hidden, step: int) -> DraftStep:
     return DraftStep(hidden, logits, head.draft_to_target(logits.detach().argmax(dim=-1)))
 
 
-def project_step(head, layer, input_ids, hidden, positions):
-    """(q, k, v, residual) of one step's rows: the head's own step input, then the
-    layer's projections with RoPE."""
-    emb = head.embed_input_ids(input_ids)
-    attn_input, residual = head.step_input(layer, emb, hidden.to(emb.dtype), positions)
-    return (*layer.self_attn.project(positions, attn_input), residual)
+class ContextAttention:
+    """The unroll's attention for a pass over every row, causal within each
+    sequence (chain_attention with no diagonal). Keeps the pass's keys and values:
+    the context that later steps of every chain see."""
+
+    def __init__(self, layout: PackedLayout, backend: str) -> None:
+        self.seq_id, self.backend = layout.seq_id, backend
+        self.keys = self.values = None
+
+    def __call__(self, q, k, v):
+        self.keys, self.values = k, v
+        return chain_attention(q[None], k, v, None, None, seq_id=self.seq_id, ctx_offset=0, diag_visible=None,
+                               backend=self.backend)[0]  # fmt: skip
+
+
+class ChainStepAttention:
+    """EAGLE step k of every chain at once: the context pass's keys up to t and the
+    chain's own steps 1 .. k (each call appends its step's keys)."""
+
+    def __init__(self, context: ContextAttention) -> None:
+        self.context = context
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, q, k, v):
+        self.keys.append(k)
+        self.values.append(v)
+        c = self.context
+        return chain_attention(
+            q[None], c.keys, c.values, torch.stack(self.keys), torch.stack(self.values), seq_id=c.seq_id,
+            ctx_offset=0, diag_visible=None, backend=c.backend,
+        )[0]  # fmt: skip
+
+
+class OwnRowsAttention:
+    """Multi-layer pass k over the chains' own rows, blocks [k, T] laid out block
+    major: the shared pass's keys up to t - k (context) and the chain's own blocks
+    where diag_visible [k, k, T] says so."""
+
+    def __init__(self, context: ContextAttention, num_blocks: int, diag_visible: torch.Tensor) -> None:
+        self.context, self.num_blocks, self.diag_visible = context, num_blocks, diag_visible
+
+    def __call__(self, q, k, v):
+        c, blocks = self.context, self.num_blocks
+        out = chain_attention(
+            q.unflatten(0, (blocks, -1)), c.keys, c.values, k.unflatten(0, (blocks, -1)),
+            v.unflatten(0, (blocks, -1)), seq_id=c.seq_id, ctx_offset=blocks, diag_visible=self.diag_visible,
+            backend=c.backend,
+        )  # fmt: skip
+        return out.flatten(0, 1)
 
 
 def whole_pass(head, step, input_ids, hidden, positions, layout, attention):
     """One pass of layer `step` over every row, causal within each sequence. Returns
-    (hidden for sampling, hidden for the next step, keys, values)."""
-    layer = head.step_layer(step)
-    q, k, v, residual = project_step(head, layer, input_ids, hidden, positions)
-    out = chain_attention(q[None], k, v, None, None, seq_id=layout.seq_id, ctx_offset=0, diag_visible=None,
-                          backend=attention)  # fmt: skip
-    h_sample, h_next = head.step_outputs(layer, layer.finish(out[0], residual))
-    return h_sample, h_next, k, v
+    (hidden for sampling, hidden for the next step) and the pass's attention, which
+    holds its keys and values."""
+    context = ContextAttention(layout, attention)
+    h_sample, h_next = head.step(input_ids, positions, hidden, step, context)
+    return h_sample, h_next, context
 
 
 def eagle_chains(head, token_ids, hidden, positions, layout: PackedLayout, *, num_steps, tokens, attention):
     """EAGLE's loop: the first pass, then K - 1 single-token steps of every chain."""
-    h_sample, h_next, ctx_k, ctx_v = whole_pass(
+    h_sample, h_next, context = whole_pass(
         head, 0, token_ids.index_select(0, layout.shifted(1)), hidden, positions, layout, attention
     )
     steps = [sample_step(head, h_sample, 0)]
-    chain_k: list[torch.Tensor] = []
-    chain_v: list[torch.Tensor] = []
+    chain = ChainStepAttention(context)
     for step in range(1, num_steps):
         if tokens == "draft":
             input_ids = steps[-1].draft_tokens
         else:
             input_ids = token_ids.index_select(0, layout.shifted(step + 1))
-        step_positions = positions + step
-        layer = head.step_layer(step)
-        q, k, v, residual = project_step(head, layer, input_ids, h_next, step_positions)
-        chain_k.append(k)
-        chain_v.append(v)
-        out = chain_attention(
-            q[None], ctx_k, ctx_v, torch.stack(chain_k), torch.stack(chain_v), seq_id=layout.seq_id, ctx_offset=0,
-            diag_visible=None, backend=attention,
-        )  # fmt: skip
-        h_sample, h_next = head.step_outputs(layer, layer.finish(out[0], residual))
+        h_sample, h_next = head.step(input_ids, positions + step, h_next, step, chain)
         steps.append(sample_step(head, h_sample, step))
     return steps
 
@@ -246,18 +281,15 @@ def multi_layer_chains(head, token_ids, hidden, positions, layout: PackedLayout,
     sequence. Draft k is block 0's."""
     num_tokens = token_ids.shape[0]
     rows = torch.arange(num_tokens, device=token_ids.device)
-    shared_sample, shared_next, _, _ = whole_pass(
+    shared_sample, shared_next, _ = whole_pass(
         head, 0, token_ids.index_select(0, layout.shifted(1)), hidden, positions, layout, attention
     )
     steps = [sample_step(head, shared_sample, 0)]
     own_next = None  # [k - 1, T, H]: the chain's own rows at the previous pass
     for step in range(1, num_steps):
         shared_ids = token_ids.index_select(0, layout.shifted(step + 1))
-        layer = head.step_layer(step)
-        q, ctx_k, ctx_v, residual = project_step(head, layer, shared_ids, shared_next, positions)
-        out = chain_attention(q[None], ctx_k, ctx_v, None, None, seq_id=layout.seq_id, ctx_offset=0,
-                              diag_visible=None, backend=attention)  # fmt: skip
-        shared_sample, next_shared = head.step_outputs(layer, layer.finish(out[0], residual))
+        shared_sample, next_shared, context = whole_pass(head, step, shared_ids, shared_next, positions, layout,
+                                                         attention)  # fmt: skip
         if tokens == "data":
             steps.append(sample_step(head, shared_sample, step))
             shared_next = next_shared
@@ -270,21 +302,12 @@ def multi_layer_chains(head, token_ids, hidden, positions, layout: PackedLayout,
         entering = shared_next.index_select(0, own_row[step - 1])[None]  # the shared row t - k + 1
         own_hidden = entering if own_next is None else torch.cat([own_next, entering])
         own_positions = position_rows(positions, own_row).reshape(*positions.shape[:-1], -1)
-        q, k, v, residual = project_step(
-            head, layer, own_ids.reshape(-1), own_hidden.reshape(step * num_tokens, -1), own_positions
-        )
         # Block j sees block j (itself, so no row sees nothing) and blocks j' > j in the sequence.
         later = offset[None, :, :] > offset[:, None, :]  # [k, k, 1]: j' > j
         same = offset[None, :, :] == offset[:, None, :]
-        diag_visible = same | (later & in_sequence[None, :, :])
-        out = chain_attention(
-            q.view(step, num_tokens, *q.shape[1:]), ctx_k, ctx_v, k.view(step, num_tokens, *k.shape[1:]),
-            v.view(step, num_tokens, *v.shape[1:]), seq_id=layout.seq_id, ctx_offset=step,
-            diag_visible=diag_visible, backend=attention,
-        )  # fmt: skip
-        own_sample, own_out = head.step_outputs(
-            layer, layer.finish(out.reshape(step * num_tokens, *out.shape[2:]), residual)
-        )
+        own = OwnRowsAttention(context, step, same | (later & in_sequence[None, :, :]))
+        own_sample, own_out = head.step(own_ids.reshape(-1), own_positions, own_hidden.reshape(step * num_tokens, -1),
+                                        step, own)  # fmt: skip
         steps.append(sample_step(head, own_sample.view(step, num_tokens, -1)[0], step))
         own_next = own_out.view(step, num_tokens, -1)
         shared_next = next_shared

@@ -23,15 +23,18 @@ Every head (EagleHead, Eagle3Head, MTPHead) implements::
   (EAGLE-3's fusion of three aux layers; identity for the others).
 - share_from(target) reuses the target's embed_tokens / lm_head modules.
 
-Each head's math exists once: `forward` is DraftHead.forward, built from the
-pieces each head kind defines (step_layer, step_input, step_outputs, draft_logits,
-draft_to_target; base.py), which the training unroll (specdraft.training.unroll)
-calls around its own attention.
+Each head's math exists once: DraftHead.step(input_ids, positions, hidden_states,
+step, attend, inputs_embeds=None), built from the pieces each head kind defines
+(step_layer, step_hidden, step_input, step_outputs, draft_logits, draft_to_target;
+base.py), with the attention passed in. `forward` is `step` with paged attention
+over kv_caches[kv_layer(step)] (specdraft.models.cache_attention); the training
+unroll (specdraft.training.unroll) and the tree drafter (specdraft.proposers.tree)
+call `step` with theirs.
 """
 
 from __future__ import annotations
 
-from specdraft.models.heads.base import DraftHead, check_shareable, metadata_for_layer
+from specdraft.models.heads.base import DraftHead, check_shareable
 from specdraft.models.heads.eagle import Eagle3DecoderLayer, Eagle3Head, EagleHead
 from specdraft.models.heads.mtp import MTPHead, MTPLayer
 
@@ -43,5 +46,4 @@ __all__ = [
     "MTPHead",
     "MTPLayer",
     "check_shareable",
-    "metadata_for_layer",
 ]

@@ -1,33 +1,33 @@
 """DraftHead: the machinery every draft head shares (embedding, KV caches, weight
-sharing), its one forward, and the pieces that forward is built from, which the
-training unroll calls too (see specdraft.models.heads)."""
+sharing), its one draft step (`step`, with the attention passed in), the pieces
+that step is built from, and `forward`, the step over the paged KV cache (see
+specdraft.models.heads)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from specdraft.models.cache_attention import cache_attention, metadata_for_layer
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape
-from specdraft.models.layers import DecoderLayer
-
-
-def metadata_for_layer(attn_metadata, layer: int):
-    if isinstance(attn_metadata, list | tuple):
-        return attn_metadata[layer]
-    return attn_metadata
+from specdraft.models.layers import Attend, DecoderLayer
 
 
 class DraftHead(nn.Module):
     """Shared machinery (embedding, KV-cache allocation, weight sharing) and the one
-    draft step every head runs, from pieces each head kind defines:
+    draft step every head runs, `step(..., attend)`, from pieces each head kind
+    defines:
 
         layer = step_layer(step)                    the decoder layer of draft step `step`
-        attn_input, residual = step_input(layer, embed(ids), hidden, positions)
-        h = layer.attend_and_mlp(...)               paged attention (serving), or
-        h = layer.finish(attention, residual)       attention computed elsewhere (the unroll)
+        attn_input, residual = step_input(layer, embed(ids), step_hidden(hidden), positions)
+        h = layer.attend_and_mlp(positions, attn_input, residual, attend)
         hidden_for_sampling, hidden_for_next = step_outputs(layer, h)
         draft_logits(hidden, step), draft_to_target(ids)
+
+    The attention is the caller's: `forward` passes paged attention over
+    kv_caches[kv_layer(step)] (serving), the training unroll its chain attention,
+    the tree drafter its prefix + tree-buffer attention.
 
     `method` is the config.method a proposer pairs the head with, `draft_loop` the
     proposer loop it drafts with ("eagle", or "multi_layer" for MTP heads with
@@ -113,16 +113,24 @@ class DraftHead(nn.Module):
         """int64 target-vocabulary ids of draft-vocabulary ids."""
         return draft_ids.to(torch.int64)
 
+    def step(
+        self, input_ids, positions, hidden_states, step: int, attend: Attend, inputs_embeds=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft step `step` of the rows fed (input_ids [T], positions [T] or [3, T],
+        hidden_states [T, Hin]) with the attention `attend(q, k, v) -> [T, heads, D]`
+        (models.layers). Returns (hidden for sampling, hidden for the next step)."""
+        layer = self.step_layer(step)
+        emb = self._embed(input_ids, inputs_embeds)
+        attn_input, residual = self.step_input(layer, emb, self.step_hidden(hidden_states).to(emb.dtype), positions)
+        return self.step_outputs(layer, layer.attend_and_mlp(positions, attn_input, residual, attend))
+
     def forward(
         self, input_ids, positions, hidden_states, attn_metadata, kv_caches, spec_step_idx: int = 0, inputs_embeds=None
     ):
         self._check_ready()
         i = self.kv_layer(spec_step_idx)
-        layer = self.step_layer(spec_step_idx)
-        emb = self._embed(input_ids, inputs_embeds)
-        attn_input, residual = self.step_input(layer, emb, self.step_hidden(hidden_states).to(emb.dtype), positions)
-        h = layer.attend_and_mlp(positions, attn_input, residual, kv_caches[i], metadata_for_layer(attn_metadata, i))
-        return self.step_outputs(layer, h)
+        attend = cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i))
+        return self.step(input_ids, positions, hidden_states, spec_step_idx, attend, inputs_embeds)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return kv_cache_shape(num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)

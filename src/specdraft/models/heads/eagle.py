@@ -64,9 +64,9 @@ class Eagle3DecoderLayer(DecoderLayer):
         attn_input = torch.cat([self.input_layernorm(emb), normed_hidden], dim=-1)
         return attn_input, (normed_hidden if self.norm_before_residual else hidden)
 
-    def forward(self, positions, emb, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+    def forward(self, positions, emb, hidden, attend) -> torch.Tensor:
         attn_input, residual = self.step_input(emb, hidden)
-        return self.attend_and_mlp(positions, attn_input, residual, kv_cache, attn_metadata)
+        return self.attend_and_mlp(positions, attn_input, residual, attend)
 
 
 class Eagle3Head(DraftHead):

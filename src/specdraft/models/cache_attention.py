@@ -1,0 +1,75 @@
+"""The attention a layer is handed for a pass over the paged KV cache (see
+specdraft.models.layers: a layer's forward takes `attend(q, k, v)`):
+
+- `paged`: a batch of windows (prefill, a draft step, a chain verify): this pass's
+  keys and values go to the cache at slot_mapping, then every query attends to its
+  request's keys up to its own (models.attention.paged_attention);
+- `paged_tree`: the target's verify over draft trees (TreeBatchMetadata): the nodes'
+  keys go to the cache likewise, each node attends to the prefix and its ancestors
+  (models.attention.paged_tree_attention);
+- `cache_attention` picks one of the two by the kind of pass the metadata describes,
+  once per layer call, outside the layer.
+
+Paged attention runs in a nested compile region (models.layers.compile_region),
+shared by every layer and draft step that calls it with the same signature; the
+cache write stays outside (a mutation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.layout import BatchMetadata, TreeBatchMetadata
+from specdraft.models.attention import paged_attention, paged_tree_attention
+from specdraft.models.kv_cache import write_kv_cache
+from specdraft.models.layers import Attend, compile_region
+
+
+def metadata_for_layer(attn_metadata, layer: int):
+    """Layer `layer`'s metadata: one BatchMetadata for every layer, or a list / tuple
+    of them indexed by layer (several KV-cache groups)."""
+    if isinstance(attn_metadata, list | tuple):
+        return attn_metadata[layer]
+    return attn_metadata
+
+
+@compile_region
+def paged_attention_region(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len):
+    # The metadata goes into the region as tensors and the Python ints that fix its shapes.
+    return paged_attention(q, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
+
+
+def paged(kv_cache: torch.Tensor, metadata: BatchMetadata) -> Attend:
+    """Attention over kv_cache for the windows `metadata` lays out: writes k / v at
+    its slot_mapping, then paged attention over the cache."""
+
+    def attend(q, k, v):
+        m = metadata
+        write_kv_cache(kv_cache, k, v, m.slot_mapping)
+        return paged_attention_region(q, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len,
+                                      m.max_seq_len)  # fmt: skip
+
+    return attend
+
+
+def paged_tree(kv_cache: torch.Tensor, metadata: TreeBatchMetadata) -> Attend:
+    """Attention of the target's verify over draft trees: q [B * N, heads, D], N
+    nodes per request; writes k / v at slot_mapping, then tree attention."""
+
+    def attend(q, k, v):
+        m = metadata
+        write_kv_cache(kv_cache, k, v, m.slot_mapping)
+        batch, num_nodes = m.ancestors.shape[:2]
+        out = paged_tree_attention(q.view(batch, num_nodes, *q.shape[1:]), kv_cache, m.prefix_lens, m.block_table,
+                                   m.max_seq_len, m.ancestors)  # fmt: skip
+        return out.reshape(batch * num_nodes, *out.shape[2:])
+
+    return attend
+
+
+def cache_attention(kv_cache: torch.Tensor, metadata: BatchMetadata) -> Attend:
+    """The attention of one layer's pass over kv_cache, by the kind of pass:
+    `paged_tree` for a verify over draft trees (TreeBatchMetadata), `paged` else."""
+    if isinstance(metadata, TreeBatchMetadata):
+        return paged_tree(kv_cache, metadata)
+    return paged(kv_cache, metadata)
