@@ -17,7 +17,7 @@ headers and rows); rows are never rewritten, so a table is the history of its
 measurements and `latest` picks the newest row of each configuration. Where a row
 goes: $BENCH_RESULTS if set (scripts/gpu_setup.sh sets $OUT/results on the device
 machine; `append` then adds them to the committed tables), else benchmarks/results/.
-A checkout without its git history records $BENCH_COMMIT as the commit, if set.
+$BENCH_COMMIT, if set, is recorded as the commit in place of the checkout's.
 
     python benchmarks/record.py show tree_batch      # the newest rows as a markdown table
     python benchmarks/record.py append FOLDER        # FOLDER/<table>.jsonl (a device run's) onto the tables
@@ -57,14 +57,17 @@ def slug(header: str) -> str:
 
 
 def commit() -> str:
-    """The checkout's commit (short hash, "-dirty" with uncommitted changes), else
-    $BENCH_COMMIT, else "unknown"."""
+    """$BENCH_COMMIT if set, else the checkout's commit (short hash, "-dirty" with
+    uncommitted changes), else "unknown". The variable comes first: a copy of a
+    working tree (the GPU machine's) can carry git metadata older than its files."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
                              text=True, cwd=RESULTS.parent, timeout=10, check=True)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("BENCH_COMMIT", UNKNOWN)
-    return out.stdout.strip() or os.environ.get("BENCH_COMMIT", UNKNOWN)
+        return UNKNOWN
+    return out.stdout.strip() or UNKNOWN
 
 
 def environment(device: str | None = None) -> dict:
