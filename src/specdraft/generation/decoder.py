@@ -29,12 +29,16 @@ class GenerationResult(NamedTuple):
 
 
 class Verified(NamedTuple):
-    """What the draft half of an iteration needs from the verify half."""
+    """What the draft half of an iteration needs from the verify half, for chains and
+    trees alike: the window the draft passes over, W rows per request (a chain: the
+    last token and its K drafts, W = K + 1; a tree: the root and the accepted path,
+    then padding, tree_decoder.py), and what the verify emitted."""
 
-    token_ids: torch.Tensor  # [B * (K + 1)] int32: each request's [last token, K drafts]
-    positions: torch.Tensor  # [B * (K + 1)] int64
-    hidden_states: torch.Tensor  # [B * (K + 1), H]: what the draft reads (EAGLE-3: aux states)
-    sampled: torch.Tensor  # [B, K + 1] int32: the rejection sampler's tokens
+    token_ids: torch.Tensor  # [B * W] int32: each request's window
+    positions: torch.Tensor  # [B * W] int64
+    hidden_states: torch.Tensor  # [B * W, H]: what the draft reads at those rows (EAGLE-3: aux states)
+    sampled: torch.Tensor  # [B, W] int32: the accepted drafts, the target's own token (bonus / recovered), then -1
+    counts: torch.Tensor  # [B] int: accepted drafts (the target's own token sits at sampled[:, counts])
     lens: torch.Tensor  # [B] int64: positions of the last tokens, before this pass
     last_tokens: torch.Tensor  # [B] int32, before this pass
     done: torch.Tensor  # [B] bool, before this pass
@@ -205,7 +209,8 @@ class SpeculativeDecoder:
         logits = self.target.compute_logits(hidden).view(state.lens.shape[0], width, -1)
         drafts = state.drafts if self.k else None
         sampled, counts = sample_target(logits, drafts, state.draft_probs, requests, state.lens + 1)
-        verified = Verified(token_ids, positions, draft_hidden, sampled, state.lens, state.last_tokens, state.done)
+        verified = Verified(token_ids, positions, draft_hidden, sampled, counts, state.lens, state.last_tokens,
+                            state.done)  # fmt: skip
         return commit(state, sampled, counts, requests), verified
 
     def draft(self, state: DecodeState, verified: Verified, requests: Requests) -> DecodeState:

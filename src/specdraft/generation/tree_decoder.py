@@ -47,7 +47,7 @@ from specdraft.proposers import Proposer
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 
 from . import checks
-from .decoder import SpeculativeDecoder
+from .decoder import SpeculativeDecoder, Verified
 from .state import DecodeState, Requests, commit
 from .verify import slots_of, tree_batch, window_batch
 
@@ -63,19 +63,6 @@ class TreeDecodeState(DecodeState):
     tree_parents: torch.Tensor | None = None
     tree_depths: torch.Tensor | None = None
     sibling_ranks: torch.Tensor | None = None
-
-
-class TreeVerified(NamedTuple):
-    """What the draft half needs from the verify half: the accepted path of every
-    request as a window of path_depth + 1 rows (root, accepted nodes, then padding;
-    module docstring: Reach)."""
-
-    token_ids: torch.Tensor  # [B * (path_depth + 1)] int32
-    positions: torch.Tensor  # [B * (path_depth + 1)] int64
-    hidden_states: torch.Tensor  # [B * (path_depth + 1), H]: what the draft reads at the path's nodes
-    counts: torch.Tensor  # [B] int64: accepted drafts
-    bonus: torch.Tensor  # [B] int32: the target's token after the path
-    lens: torch.Tensor  # [B] int64, before this pass
 
 
 class TreeWalk(NamedTuple):
@@ -194,15 +181,16 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         return TreeDecodeState(**(fields | {"drafts": drafts}), tree_parents=tree.parents, tree_depths=tree.depths,
                                sibling_ranks=sibling_ranks)  # fmt: skip
 
-    def draft(self, state: TreeDecodeState, verified: TreeVerified, requests: Requests) -> TreeDecodeState:
+    def draft(self, state: TreeDecodeState, verified: Verified, requests: Requests) -> TreeDecodeState:
         """propose_tree over each request's accepted path: rows 0 .. counts are the
         root and the accepted nodes, the rest of the path_depth + 1 rows padding
         (num_rejected_tokens); the bonus token is the next token."""
         width = self.path_depth + 1
         _, metadata = window_batch(verified.lens, width, requests.block_table, self.block_size, self.reach)
         rows = torch.arange(verified.lens.shape[0], device=verified.lens.device) * width
+        bonus = verified.sampled.gather(1, verified.counts[:, None])[:, 0]
         out = self.proposer.propose_tree(
-            verified.token_ids, verified.positions, verified.hidden_states, verified.bonus, metadata, self.tree,
+            verified.token_ids, verified.positions, verified.hidden_states, bonus, metadata, self.tree,
             token_indices_to_sample=(rows + verified.counts).to(torch.int32),
             num_rejected_tokens=(self.path_depth - verified.counts).to(torch.int32),
         )  # fmt: skip
@@ -210,7 +198,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     # ------------------------------------------------------------------ verifying
 
-    def verify(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, TreeVerified]:
+    def verify(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, Verified]:
         """The target over every request's tree, the greedy walk, the KV move and the commit."""
         n, depth = self.tree.num_verify_tokens, self.tree.depth
         num_reqs, device = state.lens.shape[0], state.lens.device
@@ -236,12 +224,14 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         width = self.path_depth + 1
         path = walk.path[:, :width]  # the columns past path_depth are always the root (0): no path goes deeper
         hidden_rows = (torch.arange(num_reqs, device=device)[:, None] * n + path).reshape(-1)
-        verified = TreeVerified(
+        verified = Verified(
             token_ids=tokens.gather(1, path).reshape(-1).to(torch.int32),
             positions=(state.lens[:, None] + torch.arange(width, device=device)).reshape(-1),
             hidden_states=draft_hidden.index_select(0, hidden_rows),
+            sampled=walk.tokens[:, :width],  # the bonus token sits at counts <= path_depth
             counts=walk.counts,
-            bonus=walk.tokens.gather(1, walk.counts[:, None])[:, 0],
             lens=state.lens,
+            last_tokens=state.last_tokens,
+            done=state.done,
         )
         return committed, verified
