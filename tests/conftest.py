@@ -146,3 +146,14 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(_real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(_real_empty_like(*a, **k)))
+
+
+@pytest.fixture(autouse=True)
+def keep_cpu_threads():
+    """The command-line tests run `specdraft demo | capture | eval` in-process, and each
+    sets torch's CPU threads (--threads, default 1): the next test gets the count
+    share_cores_between_workers chose back."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -144,3 +144,25 @@ def test_a_non_empty_out_needs_overwrite_which_clears_the_old_shards(tmp_path, t
     assert main(["demo", *small(out, text, "--max-sequences", "1", "--overwrite")]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "shard-00000.safetensors"]
     assert [p.name for p in shard_paths(out)] == ["shard-00000.safetensors"]
+
+
+def test_a_seq_len_longer_than_the_text_names_seq_len(tmp_path, capsys):
+    """Without --files (the held-out stdlib files) the error blames --seq-len, not
+    the --files the user did not pass."""
+    if not demo_held_out_files():
+        pytest.skip("this Python's stdlib has none of the demo pair's held-out files")
+    out = tmp_path / "out"
+    assert main(["demo", str(out), "--seq-len", "10000000", "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: --seq-len 10000000: the demo's held-out stdlib files hold ")
+    assert "--files" not in line
+    assert not out.exists()
+
+
+def test_a_draft_head_folder_as_target_names_target_and_the_folder(tmp_path, text, capsys):
+    out = tmp_path / "out"
+    head = DEMO_PAIR / "eagle3"
+    assert main([str(head), *small(out, text)]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"error: TARGET: {head} does not hold a target model (")
+    assert not out.exists()

@@ -119,3 +119,94 @@ def test_a_device_this_machine_lacks_is_one_line_and_exit_2(command, device, tmp
     assert line.startswith("error: --device")
     assert ("no CUDA device" in line) if device == "cuda" else ("unknown device" in line)
     assert not (tmp_path / "out").exists()
+
+
+# Bad arguments no model is needed for: refused by the parser, before torch or the
+# models load, each in one line with exit status 2. (argv, what the line must say)
+REFUSED = [
+    (["demo", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["demo", "--threads", "-3"], "--threads must be >= 1, got -3"),
+    (["capture", "demo", "OUT", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["eval", "demo", "DATA", "--threads", "-1"], "--threads must be >= 1, got -1"),
+    (["demo", "--k", "100000"], "--k must be in [1, 159] (--max-new-tokens - 1"),
+    (["demo", "--k", "40", "--max-new-tokens", "32"], "--k must be in [1, 31]"),
+    (["demo", "--tree", "4,4,16", "--k", "3"], "--k and --tree 4,4,16: the tree's depth is its K"),
+    (["demo", "--tree", "AUTO"], "--tree must be auto or three integers D,K,N"),
+    (["demo", "--tree", "4,4"], "--tree must be auto or three integers D,K,N"),
+]
+
+REFUSED_SCRIPT = textwrap.dedent(
+    """
+    import contextlib, io, json, sys, time
+    from specdraft.__main__ import main
+    results = []
+    for argv in json.loads(sys.argv[1]):
+        err = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit:
+                code = exit.code
+        results.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - start})
+    heavy = ("torch", "specdraft.assets", "specdraft.models", "specdraft.generation", "specdraft.proposers")
+    print(json.dumps({"results": results, "loaded": [name for name in heavy if name in sys.modules]}))
+    """
+)
+
+
+def test_bad_arguments_are_refused_in_one_line_within_a_second_before_torch_loads():
+    """Every case of REFUSED in one fresh interpreter: exit status 2, one line naming
+    the bound or the conflict, under a second each, and torch never imported."""
+    import json
+
+    argvs = [argv for argv, _ in REFUSED]
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_SCRIPT, json.dumps(argvs)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for (argv, message), got in zip(REFUSED, report["results"], strict=True):
+        assert got["code"] == 2, (argv, got)
+        line = one_error_line(got["err"])
+        assert message in line, (argv, line)
+        assert got["seconds"] < 1, (argv, got["seconds"])
+    assert report["loaded"] == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_the_same_threads_option(command):
+    from specdraft.__main__ import THREADS_HELP
+
+    parser = importlib.import_module(f"specdraft.{command}").build_parser()
+    threads = parser._option_string_actions["--threads"]
+    assert (threads.default, threads.type, threads.help) == (1, int, THREADS_HELP)
+
+
+def test_capture_sets_the_cpu_threads(tmp_path):
+    from specdraft.capture import main
+
+    text = tmp_path / "a.py"
+    text.write_bytes(b"x = 1\n" * 8)
+    threads = torch.get_num_threads()
+    try:
+        argv = ["demo", str(tmp_path / "out"), "--files", str(text), "--seq-len", "16", "--no-progress"]
+        assert main([*argv, "--threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("command", ["demo", "eval"])
+def test_output_options_say_their_folders_are_created(command):
+    parser = importlib.import_module(f"specdraft.{command}").build_parser()
+    for option in ("--json", "--plot") if command == "eval" else ("--json",):
+        assert "folder is created if missing" in parser._option_string_actions[option].help
+
+
+def test_demo_help_says_where_make_demo_and_the_training_script_live(capsys):
+    with pytest.raises(SystemExit):
+        specdraft_main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "make demo" in out and "scripts/train_demo_pair.py" in out
+    assert "in a clone of the project's source repository, not in the wheel" in out

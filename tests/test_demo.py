@@ -4,6 +4,7 @@ above 1 (the shipped head agrees with its target), and fails loudly when the two
 decodings differ. Its progress bars are labelled by run, a compile is announced on
 stderr, and --no-progress leaves stderr empty."""
 
+import json
 import re
 
 import pytest
@@ -144,3 +145,60 @@ def test_tree_auto_follows_the_measured_table(prompts, tree, k, capsys):
     got = None if args.tree is None else (args.tree.depth, args.tree.topk, args.tree.num_verify_tokens)
     assert (got, args.k) == (tree, k)
     assert f"at B = {prompts} the measured table picks" in capsys.readouterr().out
+
+
+def printed_rate(label: str, out: str) -> tuple[float, float, float]:
+    """(plain, speculative, speedup) of a printed tokens/s line."""
+    match = re.search(rf"{re.escape(label)}\s+plain ([0-9,]+)\s+speculative ([0-9,]+)\s+speedup ([0-9.]+)x", out)
+    assert match, f"{label!r} not in the demo's output:\n{out}"
+    return tuple(float(g.replace(",", "")) for g in match.groups())
+
+
+def test_demo_json_holds_what_it_printed(tmp_path, capsys):
+    """--json (into folders that do not exist yet): every statistic equals the printed
+    line it stands for, at the printed precision."""
+    path = tmp_path / "new" / "stats.json"
+    status, out, _ = run_demo(capsys, [*SMALL, "--no-progress", "--json", str(path)])
+    assert status == 0, out
+    assert f"wrote {path}" in out
+    got = json.loads(path.read_text())
+    assert got["greedy_identical"] is True and got["first_difference"] is None
+    assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out and got["tokens"] == 144
+    assert (got["k"], got["tree"], got["prompts"], got["max_new_tokens"], got["compiled"]) == (3, None, 3, 48, False)
+    rates = [float(r) for r in re.findall(r"k=\d: ([0-9.]+)", out)]
+    assert [round(r, 3) for r in got["acceptance_rate_per_position"]] == rates
+    assert got["accepted_sibling_rank"] is None
+    assert round(got["mean_acceptance_length"], 3) == number(r"mean acceptance length\s+([0-9.]+)", out)
+    assert round(got["tokens_per_verify_pass_per_request"], 3) == number(
+        r"mean tokens per verify pass\s+([0-9.]+)", out
+    )
+    assert round(got["tokens_per_batched_verify_pass"], 2) == number(r"; ([0-9.]+) per batched target pass", out)
+    passes = re.search(r"target verify passes\s+speculative (\d+), plain (\d+)", out)
+    assert got["verify_passes"] == {"speculative": int(passes.group(1)), "plain": int(passes.group(2))}
+    for key, label in (("decode_tokens_per_s", "tokens/s (decode)"), ("tokens_per_s", "tokens/s (prefill included)")):
+        plain, spec, speedup = printed_rate(label, out)
+        rate = got[key]
+        assert (round(rate["plain"]), round(rate["speculative"]), round(rate["speedup"], 2)) == (plain, spec, speedup)
+    sampled = number(r"sampled run .*mean acceptance length ([0-9.]+)", out)
+    assert got["sampled"]["temperature"] == 0.7 and got["sampled"]["seeds"] == [0, 2]
+    assert round(got["sampled"]["mean_acceptance_length"], 3) == sampled
+
+
+def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):
+    real = SpeculativeDecoder.generate
+
+    def lossy(self, prompts, **kwargs):
+        result = real(self, prompts, **kwargs)
+        if self.proposer is not None and kwargs.get("max_new_tokens", 0) > 2:
+            result.tokens[1] = result.tokens[1][1:]
+        return result
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", lossy)
+    path = tmp_path / "stats.json"
+    status, out, _ = run_demo(capsys, [*SMALL, "--no-sampled", "--no-progress", "--json", str(path)])
+    assert status == 1
+    failed = re.search(r"FAIL: greedy outputs differ \(prompt (\d+), token (\d+)\)", out)
+    got = json.loads(path.read_text())
+    assert got["greedy_identical"] is False
+    assert got["first_difference"] == {"prompt": int(failed.group(1)), "token": int(failed.group(2))}
+    assert "mean_acceptance_length" not in got

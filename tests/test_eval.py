@@ -221,3 +221,43 @@ def test_unwritable_outputs_fail_before_evaluating(data, tmp_path, capsys):
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err.startswith(f"error: {option}") and "cannot be written" in captured.err
+
+
+def test_steps_beyond_the_longest_sequence_are_refused_before_evaluating(data, tmp_path, capsys, monkeypatch):
+    """The fixture's longest sequence holds 40 tokens: K = 39 is the most a start can
+    draft inside it; K = 40 (or 100000) is refused in one line, in under a second,
+    without evaluating."""
+    import time
+
+    evaluate_module = importlib.import_module("specdraft.training.evaluate")
+
+    def never(*args, **kwargs):
+        raise AssertionError("evaluated although --steps is out of bounds")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", never)
+    longest = max(max(lengths) for lengths in LENGTHS)
+    for steps in (longest, 100000):
+        start = time.perf_counter()
+        assert main(["demo", str(data[0]), "--eager", "--no-progress", "--steps", str(steps)]) == 2
+        assert time.perf_counter() - start < 1
+        line = error_line(capsys)
+        assert line.startswith(f"error: --steps {steps}: must be <= {longest - 1}")
+        assert f"the longest sequence in DATA holds {longest} tokens" in line
+
+
+def test_plot_and_json_create_missing_folders(data, tmp_path):
+    png, record = tmp_path / "new" / "plots" / "a.png", tmp_path / "other" / "m.json"
+    argv = ["demo", str(data[0]), "--eager", "--no-progress", "--plot", str(png), "--json", str(record)]
+    assert main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(record.read_text())["sums"]["starts"] > 0
+
+
+def test_the_plot_hint_works_without_a_package_index_entry(data, tmp_path, capsys, monkeypatch):
+    """No `specdraft[plot]` (specdraft is not on a package index): the extra's own
+    requirement, or the clone's extra."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["demo", str(data[0]), "--eager", "--no-progress", "--plot", str(tmp_path / "a.png")]) == 2
+    line = error_line(capsys)
+    assert 'pip install "matplotlib>=3.7"' in line and 'pip install ".[plot]"' in line
+    assert "specdraft[" not in line

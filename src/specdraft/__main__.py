@@ -31,6 +31,9 @@ COMMANDS = {
 DEMO_PAIR = Path(__file__).resolve().parent / "assets" / "demo_pair"
 DEVICE_HELP = 'where to run: "cpu" (default), "cuda", "cuda:1", ...'
 NO_PROGRESS_HELP = "no progress bars or status lines on stderr: only the final output"
+THREADS_HELP = (
+    "CPU threads (default 1: the matmuls are tiny, and more threads only contend on a shared machine); ignored on CUDA"
+)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -54,6 +57,25 @@ def main(argv=None) -> int:
 
 
 # --- shared by the commands ---------------------------------------------------------
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """--threads N, the same for every command (checked by check_threads)."""
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+
+
+def check_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--threads >= 1, refused at parse time (torch.set_num_threads raises on it later)."""
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+
+
+def use_threads(threads: int, device) -> None:
+    """--threads, where the command runs on the CPU."""
+    import torch
+
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
 
 
 def one_line(error: BaseException) -> str:
@@ -147,6 +169,21 @@ def check_safetensors(what: str, paths: list[Path]) -> None:
                 pass
         except SafetensorError as error:
             raise ValueError(f"{what}: {path} is not a safetensors file ({one_line(error)})") from None
+
+
+def check_writable(option: str, path: Path) -> None:
+    """An output path that can be written, checked before the work: its missing
+    folders made (as the options' help says), the file opened for appending (and
+    removed again if it was not there)."""
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{option} {path}: cannot be written ({error.strerror or error})") from None
+    if not existed:
+        path.unlink()
 
 
 def status(message: str) -> None:

@@ -25,10 +25,13 @@ from specdraft.__main__ import (
     DEVICE_HELP,
     NO_PROGRESS_HELP,
     ArgumentParser,
+    add_threads_option,
     check_device,
+    check_threads,
     load_model_folder,
     model_folder,
     run_reporting_errors,
+    use_threads,
 )
 
 # No models, training or generation code above: they load after the arguments are
@@ -57,6 +60,7 @@ def build_parser(prog: str = "python -m specdraft.capture") -> argparse.Argument
         "run's shards) are deleted first",
     )  # fmt: skip
     parser.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    add_threads_option(parser)
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     return parser
 
@@ -66,6 +70,7 @@ def parse_args(argv=None, prog: str = "python -m specdraft.capture") -> argparse
     args = parser.parse_args(argv)
     if args.seq_len < 2 or args.per_shard < 1 or (args.max_sequences is not None and args.max_sequences < 1):
         parser.error("--seq-len must be >= 2, --per-shard and --max-sequences >= 1")
+    check_threads(parser, args)
     if args.files is None and args.target != "demo":
         parser.error("--files is required unless TARGET is demo")
     return args
@@ -99,13 +104,26 @@ def read_text_bytes(files: list[Path]):
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
 
 
-def text_windows(files: list[Path], seq_len: int) -> list:
-    """The files' bytes back to back, cut into full windows of seq_len bytes."""
+def text_windows(files: list[Path], seq_len: int, what: str = "--files") -> list:
+    """The files' bytes back to back, cut into full windows of seq_len bytes; what
+    names the files in the error when they hold less than one window."""
     data = read_text_bytes(files).long()
     count = data.numel() // seq_len
     if count == 0:
-        raise ValueError(f"--files: {data.numel()} bytes in all, fewer than one --seq-len window of {seq_len}")
+        raise ValueError(f"--seq-len {seq_len}: {what} hold {data.numel()} bytes in all, fewer than one --seq-len "
+                         f"window of {seq_len}")  # fmt: skip
     return list(data[: count * seq_len].view(count, seq_len))
+
+
+def load_target(folder: Path, device):
+    """load_target_model, with a folder that holds no target (a draft head's, say)
+    named as TARGET's."""
+    from specdraft.models.target_loading import load_target_model
+
+    try:
+        return load_target_model(folder, device=device)
+    except ValueError as error:
+        raise ValueError(f"TARGET: {folder} does not hold a target model ({error})") from None
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -126,17 +144,18 @@ def capture(args: argparse.Namespace) -> int:
     from specdraft.assets import demo_held_out_files
 
     files = args.files if args.files is not None else demo_held_out_files()
-    windows = text_windows(files, args.seq_len)[: args.max_sequences]
+    what = "--files" if args.files is not None else "the demo's held-out stdlib files"
+    windows = text_windows(files, args.seq_len, what)[: args.max_sequences]
     device = check_device(args.device)
+    use_threads(args.threads, device)
 
     from tqdm.auto import tqdm
 
-    from specdraft.models.target_loading import load_target_model
     from specdraft.training.capture import capture_target_outputs
     from specdraft.training.shards import save_batch
 
     folder = model_folder("TARGET", args.target, "target")
-    target = load_model_folder("TARGET", folder, lambda: load_target_model(folder, device=device)).eval()
+    target = load_model_folder("TARGET", folder, lambda: load_target(folder, device)).eval()
     if target.config.vocab_size != BYTE_VOCAB:
         raise ValueError(
             f"target: vocab_size {target.config.vocab_size}; this command feeds raw bytes and needs 256. "

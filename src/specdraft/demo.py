@@ -1,7 +1,8 @@
-"""`make demo` (python -m specdraft.demo): speculative decoding end to end, with the
-byte-level Llama target (4 layers x 256) and the EAGLE-3 head that ship in the
-package (specdraft.assets, trained on the Python standard library by
-scripts/train_demo_pair.py).
+"""`specdraft demo` (python -m specdraft.demo): speculative decoding end to end, with
+the byte-level Llama target (4 layers x 256) and the EAGLE-3 head that ship in the
+package (specdraft.assets; trained on the Python standard library by
+scripts/train_demo_pair.py, and run by `make demo`, both in a clone of the project's
+source repository, not in the wheel).
 
 Plain and speculative greedy decoding of a few Python snippets, each iteration
 compiled whole (torch.compile, fullgraph=True): the outputs must be identical, token
@@ -14,6 +15,7 @@ whose texts loop less than greedy ones.
     python -m specdraft.demo --device cuda        # mode="reduce-overhead" there
     python -m specdraft.demo --k 5 --max-new-tokens 64 --no-compile
     specdraft demo --no-progress                  # the same, as the console script
+    specdraft demo --json stats.json              # also write the printed statistics as JSON
 
 Needs torch, safetensors and tqdm only (no test extras, no network).
 """
@@ -21,18 +23,24 @@ Needs torch, safetensors and tqdm only (no test extras, no network).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdraft.__main__ import (
     DEVICE_HELP,
     NO_PROGRESS_HELP,
     ArgumentParser,
+    add_threads_option,
     check_device,
+    check_threads,
+    check_writable,
     compile_message,
     run_reporting_errors,
     status,
+    use_threads,
 )
 
 # No models, training or generation code above: they load after the arguments are
@@ -51,6 +59,7 @@ PROMPTS = (
     "    def __repr__(self):\n        return '%s(%r)' % (self.__class__.__name__,",
     "try:\n    import _thread\nexcept ImportError:\n",
 )
+DEFAULT_K = 3
 MAX_MODEL_LEN = 384  # the longest prompt (~130 bytes) + max_new_tokens fits
 BLOCK_SIZE = 16
 TEMPERATURE = 0.7
@@ -60,7 +69,11 @@ SHOWN = (0, 2)  # the prompts whose texts are printed (the greedy text of prompt
 def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with mode=reduce-overhead")
-    parser.add_argument("--k", type=int, default=3, help="draft tokens per verify pass (default 3)")
+    parser.add_argument(
+        "--k", type=int, help=f"draft tokens per verify pass (default {DEFAULT_K}; at most --max-new-tokens - 1, "
+        "the drafts a run can keep). Not with --tree D,K,N (the tree's depth D is its K); with --tree auto, the "
+        "chain shown where the table picks plain decoding",
+    )  # fmt: skip
     parser.add_argument(
         "--tree", metavar="D,K,N", help="draft an EAGLE-2 tree instead of a chain: depth D, topk K, N verified "
         "tokens (root included), e.g. 4,4,16; or auto: tree, chain or none by batch size, from the measured "
@@ -71,9 +84,10 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser.add_argument("--no-compile", action="store_true", help="run the iterations eagerly")
     parser.add_argument("--no-sampled", action="store_true", help="skip the sampled run")
     parser.add_argument("--seed", type=int, default=0, help="first request seed of the sampled run")
+    add_threads_option(parser)
     parser.add_argument(
-        "--threads", type=int, default=1, help="CPU threads (default 1: the matmuls are tiny, and more threads "
-        "only contend on a shared machine)",
+        "--json", type=Path, help="also write the statistics printed (acceptance per position, acceptance length, "
+        "tokens/s, speedups, the identity check) to this file as JSON; its folder is created if missing",
     )  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     return parser
@@ -84,26 +98,41 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be in [1, {len(PROMPTS)}]")
-    if args.k < 1 or args.max_new_tokens < 2:
-        parser.error("--k must be >= 1 and --max-new-tokens >= 2")
-    if args.tree is not None:
-        args.tree = parse_tree(parser, args.tree)
+    check_threads(parser, args)
+    if args.max_new_tokens < 2:
+        parser.error("--max-new-tokens must be >= 2")
     longest = max(len(p.encode()) for p in PROMPTS)
     if longest + args.max_new_tokens > MAX_MODEL_LEN:
         parser.error(f"--max-new-tokens must be <= {MAX_MODEL_LEN - longest} (max_model_len {MAX_MODEL_LEN})")
+    if args.k is not None and not 1 <= args.k <= args.max_new_tokens - 1:
+        parser.error(f"--k must be in [1, {args.max_new_tokens - 1}] (--max-new-tokens - 1: a run keeps at most "
+                     f"that many drafts), got {args.k}")  # fmt: skip
+    # The tree last: only a well-formed D,K,N loads TreeShape's checks (and torch).
+    tree = None if args.tree is None else tree_numbers(parser, args.tree)
+    if tree is not None and args.k is not None:
+        parser.error(f"--k and --tree {args.tree}: the tree's depth is its K (pass one of them)")
+    args.k = DEFAULT_K if args.k is None else args.k
+    if tree is not None:
+        args.tree = tree_shape(parser, args.tree, tree)
     return args
 
 
-def parse_tree(parser: argparse.ArgumentParser, text: str):
-    """--tree D,K,N as a TreeShape (its own checks name what is wrong), or "auto"."""
-    from specdraft.proposers.tree_build import TreeShape
-
+def tree_numbers(parser: argparse.ArgumentParser, text: str) -> tuple[int, int, int] | None:
+    """--tree's D,K,N as three ints, or None for "auto" (argparse's error otherwise)."""
     if text == "auto":
-        return text
+        return None
     try:
         depth, topk, num_verify_tokens = (int(x) for x in text.split(","))
     except ValueError:
-        parser.error(f"--tree must be three integers D,K,N (e.g. 4,4,16), got {text!r}")
+        parser.error(f"--tree must be auto or three integers D,K,N (e.g. 4,4,16), got {text!r}")
+    return depth, topk, num_verify_tokens
+
+
+def tree_shape(parser: argparse.ArgumentParser, text: str, numbers: tuple[int, int, int]):
+    """--tree D,K,N as a TreeShape (its own checks name what is wrong)."""
+    from specdraft.proposers.tree_build import TreeShape
+
+    depth, topk, num_verify_tokens = numbers
     try:
         return TreeShape(depth, topk, num_verify_tokens)
     except ValueError as error:
@@ -175,27 +204,52 @@ def first_difference(a: GenerationResult, b: GenerationResult):
     return None
 
 
-def report(plain: GenerationResult, spec: GenerationResult, k: int) -> None:
+def statistics(plain: GenerationResult, spec: GenerationResult) -> dict:
+    """The speculative run's statistics against the plain run's: what report prints
+    and --json writes (unrounded)."""
     s, p = spec.stats, plain.stats
-    tree = s.accepted_sibling_rank is not None
+    emitted = (s.num_generated - 1).clamp(min=0).sum().item()  # the prefill samples each request's first token
+    passes = int(s.num_verify_passes)
+    sp, pp = s.decode_tokens_per_s.item(), p.decode_tokens_per_s.item()
+    se, pe = s.tokens_per_s.item(), p.tokens_per_s.item()
+    ranks = s.accepted_sibling_rank
+    return {
+        "acceptance_rate_per_position": s.acceptance_rate_per_position.tolist(),
+        "accepted_sibling_rank": None if ranks is None else [int(n) for n in ranks.tolist()],
+        "mean_acceptance_length": s.mean_acceptance_length.item(),
+        "tokens_per_verify_pass_per_request": emitted / s.request_passes.sum().item(),
+        "tokens_per_batched_verify_pass": emitted / passes,
+        "verify_passes": {"speculative": passes, "plain": int(p.num_verify_passes)},
+        "decode_tokens_per_s": {"plain": pp, "speculative": sp, "speedup": sp / pp},
+        "tokens_per_s": {"plain": pe, "speculative": se, "speedup": se / pe},
+    }
+
+
+def report(stats: dict, k: int, num_requests: int) -> None:
+    """statistics(...) as printed."""
+    tree = stats["accepted_sibling_rank"] is not None
     label = "d" if tree else "k"
-    rates = "  ".join(f"{label}={i + 1}: {r:.3f}" for i, r in enumerate(s.acceptance_rate_per_position.tolist()))
+    rates = "  ".join(f"{label}={i + 1}: {r:.3f}" for i, r in enumerate(stats["acceptance_rate_per_position"]))
     print(f"acceptance rate per {'tree depth    ' if tree else 'draft position'}   {rates}")
     if tree:
-        ranks = "  ".join(f"{i + 1}: {int(n)}" for i, n in enumerate(s.accepted_sibling_rank.tolist()))
+        ranks = "  ".join(f"{i + 1}: {n}" for i, n in enumerate(stats["accepted_sibling_rank"]))
         print(f"accepted nodes by sibling rank       {ranks}  (1: the draft's likeliest child)")
-    print(f"mean acceptance length               {s.mean_acceptance_length.item():.3f} tokens per request per "
+    print(f"mean acceptance length               {stats['mean_acceptance_length']:.3f} tokens per request per "
           f"verify pass (accepted drafts + the bonus / recovered token; at most {k + 1})")  # fmt: skip
-    emitted = (s.num_generated - 1).clamp(min=0).sum().item()  # the prefill samples each request's first token
-    request_passes = s.request_passes.sum().item()
-    num_reqs, passes = len(spec.tokens), int(s.num_verify_passes)
-    print(f"mean tokens per verify pass          {emitted / request_passes:.3f} per request (what was kept after "
-          f"the cut at max_new_tokens); {emitted / passes:.2f} per batched target pass over {num_reqs} requests")  # fmt: skip
-    print(f"target verify passes                 speculative {passes}, plain {int(p.num_verify_passes)}")
-    sp, pp = s.decode_tokens_per_s.item(), p.decode_tokens_per_s.item()
-    print(f"tokens/s (decode)                    plain {pp:,.0f}   speculative {sp:,.0f}   speedup {sp / pp:.2f}x")
-    se, pe = s.tokens_per_s.item(), p.tokens_per_s.item()
-    print(f"tokens/s (prefill included)          plain {pe:,.0f}   speculative {se:,.0f}   speedup {se / pe:.2f}x")
+    print(f"mean tokens per verify pass          {stats['tokens_per_verify_pass_per_request']:.3f} per request (what "
+          f"was kept after the cut at max_new_tokens); {stats['tokens_per_batched_verify_pass']:.2f} per batched "
+          f"target pass over {num_requests} requests")  # fmt: skip
+    passes = stats["verify_passes"]
+    print(f"target verify passes                 speculative {passes['speculative']}, plain {passes['plain']}")
+    for key, what in (("decode_tokens_per_s", "decode"), ("tokens_per_s", "prefill included")):
+        rate = stats[key]
+        print(f"{f'tokens/s ({what})':<37}plain {rate['plain']:,.0f}   speculative {rate['speculative']:,.0f}   "
+              f"speedup {rate['speedup']:.2f}x")  # fmt: skip
+
+
+def write_json(path: Path, record: dict) -> None:
+    path.write_text(json.dumps(record, indent=1))
+    print(f"\nwrote {path}")
 
 
 def show_texts(title: str, prompts, result: GenerationResult) -> None:
@@ -228,14 +282,15 @@ def choose_drafts(args: argparse.Namespace, num_requests: int) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if args.json is not None:
+        check_writable("--json", args.json)
     device = check_device(args.device)
     import torch
 
     from specdraft.config import SamplingParams
     from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
 
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads, device)
     compile = compile_options(args.device, not args.no_compile)
     texts = PROMPTS[: args.prompts]
     prompts = encode(texts)
@@ -272,15 +327,26 @@ def run_demo(args: argparse.Namespace) -> int:
 
     diff = first_difference(plain_out, spec_out)
     total = sum(len(t) for t in plain_out.tokens)
+    record = {
+        "device": str(device), "compiled": compile is not False, "k": k,
+        "tree": None if args.tree is None else [args.tree.depth, args.tree.topk, args.tree.num_verify_tokens],
+        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "tokens": total,
+        "greedy_identical": diff is None,
+        "first_difference": None if diff is None else {"prompt": diff[0] + 1, "token": diff[1]},
+    }  # fmt: skip
     print()
     if diff is not None:
         print(
             f"FAIL: greedy outputs differ (prompt {diff[0] + 1}, token {diff[1]}): speculative decoding is not lossless"
         )
+        if args.json is not None:
+            write_json(args.json, record)
         return 1
     print(f"greedy outputs identical: yes ({len(prompts)} prompts, {total} tokens, plain vs speculative)")
-    report(plain_out, spec_out, k)
+    record |= statistics(plain_out, spec_out)
+    report(record, k, len(prompts))
     show_texts("greedy", texts, spec_out)
+    record["sampled"] = None
 
     if not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
@@ -294,6 +360,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\nsampled run (temperature {TEMPERATURE}, seeds {args.seed}..{args.seed + len(prompts) - 1}, eager): "
               f"mean acceptance length {sampled.stats.mean_acceptance_length.item():.3f}")  # fmt: skip
         show_texts(f"sampled, T = {TEMPERATURE}", texts, sampled)
+        record["sampled"] = {"temperature": TEMPERATURE, "seeds": [args.seed, args.seed + len(prompts) - 1],
+                             "mean_acceptance_length": sampled.stats.mean_acceptance_length.item()}  # fmt: skip
+    if args.json is not None:
+        write_json(args.json, record)
     return 0
 
 

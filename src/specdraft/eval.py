@@ -20,19 +20,24 @@ import argparse
 import json
 import os
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 from specdraft.__main__ import (
     DEVICE_HELP,
     NO_PROGRESS_HELP,
     ArgumentParser,
+    add_threads_option,
     announce_first_call,
     check_device,
     check_safetensors,
+    check_threads,
+    check_writable,
     is_bad_input,
     load_model_folder,
     model_folder,
     run_reporting_errors,
+    use_threads,
 )
 
 # No models, training or generation code above: they load after the arguments are
@@ -51,8 +56,10 @@ def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentPar
                         help='head kind (default: from the folder; HEAD "demo" is eagle3)')  # fmt: skip
     parser.add_argument("--target", help='target folder to share the embedding / lm_head from, or "demo"')
     parser.add_argument("--divergence", action="store_true", help="also report cross-entropy and KL per step")
-    parser.add_argument("--plot", type=Path, help="write a PNG of acceptance per step (needs matplotlib)")
-    parser.add_argument("--json", type=Path, help="write the metrics and timings as JSON")
+    parser.add_argument("--plot", type=Path, help="write a PNG of acceptance per step (needs matplotlib); its "
+                        "folder is created if missing")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="write the metrics and timings as JSON; its folder is created "
+                        "if missing")  # fmt: skip
     parser.add_argument(
         "--max-batch-tokens", type=int, default=1024, help="evaluate each shard in groups of whole sequences of at "
         "most this many tokens (default 1024; 0: whole shards). The sums do not change; on CPU the dense "
@@ -60,6 +67,7 @@ def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentPar
     )  # fmt: skip
     parser.add_argument("--device", default="cpu", help=DEVICE_HELP)
     parser.add_argument("--eager", action="store_true", help="do not compile the evaluation step")
+    add_threads_option(parser)
     parser.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     return parser
 
@@ -69,6 +77,7 @@ def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Na
     args = parser.parse_args(argv)
     if args.steps < 1 or args.max_batch_tokens < 0:
         parser.error("--steps must be >= 1 and --max-batch-tokens >= 0")
+    check_threads(parser, args)
     if not args.temperature >= 0:  # NaN too
         parser.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.head == "demo" and args.method not in (None, "eagle3"):
@@ -126,10 +135,13 @@ def run(args: argparse.Namespace) -> int:
 
     ranks = ranks_from_env()
     if ranks is None:
-        return evaluate_and_report(args, Ranks(), check_device(args.device))
+        device = check_device(args.device)
+        use_threads(args.threads, device)
+        return evaluate_and_report(args, Ranks(), device)
     import torch.distributed as dist
 
     device = rank_device(check_device(args.device), ranks)
+    use_threads(args.threads, device)
     init_process_group(device, ranks)
     try:
         return evaluate_and_report(args, ranks, device)
@@ -137,18 +149,28 @@ def run(args: argparse.Namespace) -> int:
         dist.destroy_process_group()
 
 
-def check_writable(option: str, path: Path) -> None:
-    """An output path that can be written, checked before the evaluation: its folder
-    made, the file opened for appending (and removed again if it was not there)."""
-    existed = path.exists()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a"):
-            pass
-    except OSError as error:
-        raise ValueError(f"{option} {path}: cannot be written ({error.strerror or error})") from None
-    if not existed:
-        path.unlink()
+def longest_sequence(path: Path) -> int:
+    """The longest sequence of a shard, from its cu_seqlens (no other tensor is read;
+    0 where the shard has no input_ids: load_batch names what is missing)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        if "input_ids" not in f.keys():
+            return 0
+        if "cu_seqlens" not in f.keys():
+            shape = f.get_slice("input_ids").get_shape()
+            return int(shape[0]) if shape else 0
+        bounds = f.get_tensor("cu_seqlens").tolist()
+    return max((b - a for a, b in pairwise(bounds)), default=0)
+
+
+def check_steps(steps: int, paths: list[Path]) -> None:
+    """--steps within the data: draft step k scores the token k + 1 past its start,
+    inside the start's sequence, so K must be below the longest sequence."""
+    longest = max(longest_sequence(p) for p in paths)
+    if longest and steps >= longest:
+        raise ValueError(f"--steps {steps}: must be <= {longest - 1} (the longest sequence in DATA holds {longest} "
+                         "tokens; draft step k needs k + 1 of one sequence)")  # fmt: skip
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -183,6 +205,7 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
             check_outputs(args)
         paths = shard_paths(args.data)
         check_safetensors("DATA", paths)
+        check_steps(args.steps, paths)
         mine = [paths[i] for i in share_shards([shard_tokens(p) for p in paths], ranks.world_size)[ranks.rank]]
         head = load_head(args, device)
         check_shards(paths, head)

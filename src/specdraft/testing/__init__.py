@@ -3,9 +3,10 @@
 Without any extra: the compile counters (`CompileCounts`, `fresh_compile`),
 `make_draft_batch` (complete `propose()` inputs) and the value checkers of the ops
 (checked mode's own, each beside its op in specdraft.ops, re-exported here and
-loaded on first use; they sync with the host: development and tests only). With `pip install 'specdraft[testing]'`
-(hypothesis): the strategies of valid batch layouts and their layout types, and the
-strategies of *invalid* ones, each tagged with the rule it breaks (invalid.py).
+loaded on first use; they sync with the host: development and tests only). With
+hypothesis (`pip install "hypothesis>=6.100"`, what the testing extra needs; or
+`pip install ".[testing]"` in a clone): the strategies of valid batch layouts and
+their layout types, and the strategies of *invalid* ones, each tagged with the rule it breaks (invalid.py).
 
 The hypothesis-backed names are loaded on first use (module `__getattr__`), so
 `import specdraft.testing` never imports hypothesis; using one of them without it
@@ -60,7 +61,7 @@ _NEEDS_HYPOTHESIS = {
     "invalid_draft_batches": "invalid_batches",
 }
 
-EXTRA_HINT = "pip install 'specdraft[testing]'"
+EXTRA_HINT = 'pip install "hypothesis>=6.100" (or, in a clone, pip install ".[testing]")'
 
 
 def __getattr__(name: str):

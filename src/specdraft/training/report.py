@@ -1,6 +1,7 @@
 """Show evaluation results: the per-step table as text, and PNG plots (acceptance per
 step; acceptance length over training). Plotting needs matplotlib, an optional
-extra: pip install "specdraft[plot]"."""
+extra: pip install "matplotlib>=3.7" (what the plot extra needs), or
+pip install ".[plot]" in a clone of the project's source repository."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from specdraft.training.metrics import DraftMetrics, DraftMetricSums
 
-PLOT_EXTRA = 'plotting needs matplotlib: pip install "specdraft[plot]" (or pip install matplotlib)'
+PLOT_EXTRA = 'plotting needs matplotlib: pip install "matplotlib>=3.7" (or, in a clone, pip install ".[plot]")'
 
 
 def format_table(metrics: DraftMetrics, sums: DraftMetricSums, temperature: float = 0.0) -> str:
