@@ -1,6 +1,8 @@
-# make test  : fresh machine -> .venv, pinned CPU torch, triton, the project; lint,
-#              the wheel smoke step, the CPU suites, then the Triton-interpreter suite.
-# make demo  : the main job, compiled, on a small batch.
+# make test  : fresh machine -> .venv, pinned CPU torch, the project, then triton and
+#              the test extras; lint, the wheel smoke step, the CPU suites, then the
+#              Triton-interpreter suite.
+# make demo  : the main job, compiled, on a small batch; installs only what it needs
+#              (pinned CPU torch and the project, no extras).
 # make gpu-test : the same suites with CUDA tensors, system python, no network.
 # make gpu-bench : the op, model and propose benches; rows appended to benchmarks/results/.
 #
@@ -17,16 +19,29 @@ PYTEST_FLAGS ?= -q
 # file on one worker (its module fixtures compile once); files go out heaviest first
 # (tests/conftest.py, tests/file_durations.json), so neither worker idles at the end.
 XDIST ?= -n 2 --dist loadfile
+# Two stamps: the demo's install (torch and the project) and the full one on top of it
+# (triton and the test extras), so `make demo` then `make test` adds what the tests
+# need, and `make test` then `make demo` installs nothing.
+BASE_STAMP := $(VENV)/.specdraft-base-installed
 STAMP := $(VENV)/.specdraft-installed
 
 .PHONY: install lint wheel-smoke test test-cpu test-interpreter demo gpu-test gpu-bench bench-plot clean
 
 # torch goes in first and pinned: a plain `torch` requirement in a fresh venv would
-# pull the registry's newest build with several GB of CUDA packages.
-$(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# pull the registry's newest build with several GB of CUDA packages. pip runs quiet,
+# so each step says what it installs.
+$(BASE_STAMP): pyproject.toml Makefile
+	@test -x $(PY) || { echo "install: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "install: $(TORCH_SPEC) (CPU) into $(VENV)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	@echo "install: the project, editable, no extras"
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	@echo "install: triton"
 	$(PY) -m pip install -q triton
+	@echo "install: the project's test extras (pytest, hypothesis, ruff, transformers, matplotlib, ...)"
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
@@ -59,7 +74,7 @@ test: $(STAMP)
 	@bash .ci/stage.sh test-cpu $(MAKE) --no-print-directory test-cpu PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
 	@bash .ci/stage.sh test-interpreter $(MAKE) --no-print-directory test-interpreter PYTEST_FLAGS="$(PYTEST_FLAGS) $(DURATIONS)"
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(PY) -m specdraft.demo
 
 # For a GPU machine that already has torch, triton, pytest and hypothesis.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Ship what we test: build the wheel, install it (not editable) into a venv that has
 # torch but neither hypothesis nor triton, import every module of the installed
-# package from outside the source tree, run the demo, then save a head, capture
-# shards and evaluate them (what a library user does first).
+# package from outside the source tree, check what it declares (py.typed, the
+# license) and that torch.ops.specdraft resolves after `import specdraft`, run the
+# demo, then save a head, capture shards and evaluate them (what a library user does
+# first).
 #
 # The venv is kept between runs (torch is most of its install time) and rebuilt when
 # its inputs change: the python, TORCH_SPEC, pyproject.toml (the dependencies) or
@@ -59,6 +61,21 @@ echo "wheel-smoke: installed $(basename "$wheel")"
 # From a folder outside the source tree, so only the installed package can be found.
 cd "$work"
 "$PY" "$ROOT/.ci/smoke_imports.py" "$work/src/src/specdraft"
+# What the wheel declares: type hints (PEP 561's py.typed) and its license. And the
+# op namespace a saved program looks up resolves after a plain `import specdraft`
+# (this process never imports specdraft.ops itself).
+"$PY" -c "
+import importlib.metadata, importlib.resources, sys
+import specdraft
+import torch
+assert importlib.resources.files('specdraft').joinpath('py.typed').is_file(), 'no py.typed in the installed package'
+meta = importlib.metadata.metadata('specdraft')
+assert meta['License-Expression'] == 'Apache-2.0', meta['License-Expression']
+licenses = [f for f in importlib.metadata.files('specdraft') if f.name == 'LICENSE']
+assert licenses and 'Apache License' in licenses[0].read_text(), licenses
+assert 'specdraft.ops' not in sys.modules
+print('wheel-smoke: py.typed, License-Expression', meta['License-Expression'], 'and', torch.ops.specdraft.step_metadata.default)
+"
 # --no-compile: the compiled demo is the CPU lane's (tests/generation); this step checks
 # the installed package: its imports, its data files and what it declares.
 "$PY" -m specdraft.demo --no-compile

@@ -3,9 +3,12 @@ torch.compile(fullgraph=True). The kernel layer is `specdraft.ops`.
 
 The names below load their modules on first use, so `import specdraft` and
 `python -m specdraft --help` import no torch (the command line answers --help at
-once)."""
+once). `torch.ops.specdraft.*` still resolves after `import specdraft`: the ops
+register on the namespace's first lookup (specdraft.op_namespace)."""
 
 import importlib
+
+from specdraft.op_namespace import install_when_torch_loads
 
 __version__ = "0.1.0"
 
@@ -22,6 +25,8 @@ EXPORTS = {
     "adjust_input": ("specdraft.proposers.adjust_input", "adjust_input"),
 }
 __all__ = sorted([*EXPORTS, "__version__"])
+
+install_when_torch_loads()
 
 
 def __getattr__(name: str):

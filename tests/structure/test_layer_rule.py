@@ -4,8 +4,8 @@ nothing):
 (a) every module sits on one floor of docs/design.md's drawing (FLOORS, bottom
     first: the bottom layer -> ops -> config / models -> proposers -> generation /
     training / testing -> the command-line modules) and imports only from its own
-    floor or below. The package root (`specdraft/__init__.py`, which imports nothing
-    of specdraft at load time) may be imported from the config / models floor up; a
+    floor or below. The package root (`specdraft/__init__.py`, which imports only
+    specdraft.op_namespace at load time) may be imported from the config / models floor up; a
     name it loads lazily (`from specdraft import adjust_input`) counts as an import
     of the module that defines it (its EXPORTS table);
 (b) no module imports another module's underscore names: `from x import _y` (any x,
@@ -28,7 +28,8 @@ BOTTOM = frozenset({"specdraft.layout", "specdraft.checks", "specdraft.checked_m
 # on floor i imports specdraft modules of floors 0..i only.
 FLOORS: tuple[frozenset[str], ...] = (
     BOTTOM,
-    frozenset({"specdraft.ops"}),
+    # op_namespace: torch.ops.specdraft's stand-in, which loads specdraft.ops on first use
+    frozenset({"specdraft.ops", "specdraft.op_namespace"}),
     frozenset({"specdraft.config", "specdraft.models", "specdraft.assets"}),  # assets: the shipped pair's loaders
     frozenset({"specdraft.proposers"}),
     frozenset({"specdraft.generation", "specdraft.training", "specdraft.testing"}),
