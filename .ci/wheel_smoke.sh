@@ -78,7 +78,14 @@ print('wheel-smoke: py.typed, License-Expression', meta['License-Expression'], '
 "
 # --no-compile: the compiled demo is the CPU lane's (tests/generation); this step checks
 # the installed package: its imports, its data files and what it declares.
-"$PY" -m specdraft.demo --no-compile
+# --json: the statistics a script reads, checked against the greedy identity it printed.
+"$PY" -m specdraft.demo --no-compile --json demo.json
+"$PY" -c "
+import json
+stats = json.load(open('demo.json'))
+assert stats['greedy_identical'] is True, stats
+print('wheel-smoke: demo --json holds', ', '.join(sorted(stats)))
+"
 
 # A library user's path, which needs what the wheel declares (numpy, through
 # safetensors): save a head, capture a target's outputs as shards, evaluate them.
