@@ -31,7 +31,8 @@ NEEDS_EXTRA = {
 }
 # Names of specdraft.testing that load one of those modules on first use: the
 # error must name the extra to install.
-LAZY_NAMES = {"shift_layouts": "specdraft[testing]", "step_layouts": "specdraft[testing]"}
+# The hint must install from a wheel as well as a clone: the extra's own requirement.
+LAZY_NAMES = {name: 'pip install "hypothesis>=6.100"' for name in ("shift_layouts", "step_layouts")}
 # Not installed in the smoke venv: the package must work without them.
 ABSENT = ("hypothesis", "triton")
 
