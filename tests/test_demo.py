@@ -61,8 +61,9 @@ def test_compiled_demo_finds_identical_outputs(capsys):
     assert number(r"mean acceptance length\s+([0-9.]+)", out) > 1
 
 
-def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
-    """A speculative decoder that drops one token is caught."""
+def drop_a_speculative_token(monkeypatch) -> None:
+    """Make every speculative generate drop request 1's first token (the plain run
+    stays as it is), so the demo's identity check must fail."""
     real = SpeculativeDecoder.generate
 
     def lossy(self, prompts, **kwargs):
@@ -72,6 +73,11 @@ def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
         return result
 
     monkeypatch.setattr(SpeculativeDecoder, "generate", lossy)
+
+
+def test_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
+    """A speculative decoder that drops one token is caught."""
+    drop_a_speculative_token(monkeypatch)
     status, out, _ = run_demo(capsys, [*SMALL, "--no-sampled", "--no-progress"])
     assert status == 1
     assert "FAIL: greedy outputs differ (prompt 2" in out
@@ -185,15 +191,7 @@ def test_demo_json_holds_what_it_printed(tmp_path, capsys):
 
 
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):
-    real = SpeculativeDecoder.generate
-
-    def lossy(self, prompts, **kwargs):
-        result = real(self, prompts, **kwargs)
-        if self.proposer is not None and kwargs.get("max_new_tokens", 0) > 2:
-            result.tokens[1] = result.tokens[1][1:]
-        return result
-
-    monkeypatch.setattr(SpeculativeDecoder, "generate", lossy)
+    drop_a_speculative_token(monkeypatch)
     path = tmp_path / "stats.json"
     status, out, _ = run_demo(capsys, [*SMALL, "--no-sampled", "--no-progress", "--json", str(path)])
     assert status == 1
