@@ -9,7 +9,7 @@ from specdraft.layout import BatchMetadata
 
 __all__ = ["BatchMetadata", "SamplingParams", "SpeculativeConfig"]
 
-METHODS = ("eagle", "eagle3", "mtp")
+METHODS = ("eagle", "eagle3", "mtp", "block")
 DRAFT_SAMPLING = ("greedy", "probabilistic")
 PROBS_KINDS = (None, "probs", "logits")
 
@@ -19,7 +19,7 @@ class SpeculativeConfig:
     """What a proposer drafts and how. Checked on construction: a ValueError names
     the field.
 
-    method: "eagle" | "eagle3" | "mtp" (the head's family; EAGLE-3 fuses aux hidden
+    method: "eagle" | "eagle3" | "mtp" | "block" (the head's family; EAGLE-3 fuses aux hidden
         states, MTP chooses its layer by the draft step).
     num_speculative_tokens: K >= 1 draft tokens per request.
     max_model_len: positions at or past it are clamped (position 0, PAD slot).

@@ -50,10 +50,10 @@ def check_proposer(proposer, target, aux_layers: tuple[int, ...], feeds_aux: boo
         return  # a standalone LM
     target_hidden = target.config.hidden_size
     if feeds_aux:
-        want = 3 * head.config.target_hidden_size
+        want = head.hidden_width
         if len(aux_layers) * target_hidden != want:
             raise ValueError(
-                f"aux_layers: EAGLE-3 fuses {want} features (3 x target_hidden_size "
+                f"aux_layers: the head reads {want} features ({head.hidden_width_note}, target_hidden_size "
                 f"{head.config.target_hidden_size}); {len(aux_layers)} aux layers of the target give "
                 f"{len(aux_layers) * target_hidden}"
             )

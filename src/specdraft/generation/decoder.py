@@ -112,6 +112,8 @@ class SpeculativeDecoder:
         self.block_size = checks.positive_int("block_size", block_size)
         if aux_layers is None:
             aux_layers = default_aux_layers(target.config.num_layers) if self.feeds_aux else ()
+            if self.feeds_aux and hasattr(proposer.model, "block"):  # a block drafter names its layers
+                aux_layers = proposer.model.block.aux_layers
         self.aux_layers = checks.check_aux_layers(aux_layers, target.config.num_layers)
         if proposer is not None:
             checks.check_proposer(proposer, target, self.aux_layers, self.feeds_aux)

@@ -6,7 +6,7 @@ tiny target model, and loading from local HF-format folders."""
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.models.attention import paged_attention
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.heads import DraftHead, Eagle3Head, EagleHead, MTPHead
+from specdraft.models.heads import BlockConfig, BlockDraftHead, DraftHead, Eagle3Head, EagleHead, MTPHead
 from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape, write_kv_cache
 from specdraft.models.layers import DecoderLayer, RMSNorm
 from specdraft.models.loading import load_draft_model, read_safetensors, save_draft_model, write_safetensors
@@ -17,6 +17,8 @@ from specdraft.models.target_loading import load_target_model, save_target_model
 __all__ = [
     "PADDING_SLOT_ID",
     "BatchMetadata",
+    "BlockConfig",
+    "BlockDraftHead",
     "DecoderLayer",
     "DraftHead",
     "DraftModelConfig",

@@ -115,6 +115,17 @@ class SelfAttention(nn.Module):
         q, k = self.rotary(positions, q, k)
         return q, k, v
 
+    def project_kv(self, positions, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v [T, kv_heads, D] of rows that are keys only (a block drafter's
+        context: the target's projected features), with the same norm and RoPE as
+        `project`'s."""
+        t = x.shape[0]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return self.rotary.rotate(positions, k), v
+
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj of the attention output [T, heads, D] -> [T, hidden]."""
         return self.o_proj(attn_out.reshape(attn_out.shape[0], self.num_heads * self.head_dim))

@@ -246,3 +246,8 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = rope_angles(positions, self.inverse_frequencies(positions.device), self.mrope_rows)
         return apply_rotary(q, angles, self.attention_factor), apply_rotary(k, angles, self.attention_factor)
+
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """One tensor rotated at `positions` (keys without queries)."""
+        angles = rope_angles(positions, self.inverse_frequencies(positions.device), self.mrope_rows)
+        return apply_rotary(x, angles, self.attention_factor)

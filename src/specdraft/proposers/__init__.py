@@ -6,6 +6,7 @@ verification."""
 
 from specdraft.proposers.autoregressive import AutoregressiveSpeculator, DraftLM, PrefillState
 from specdraft.proposers.base import Proposer
+from specdraft.proposers.block import BlockDraftOutput, BlockProposer
 from specdraft.proposers.eagle import EagleProposer
 from specdraft.proposers.loop import DraftOutput, DraftSampler, StepState
 from specdraft.proposers.multi_group import GroupedBatchMetadata, MultiGroupMTPProposer
@@ -15,6 +16,8 @@ from specdraft.proposers.tree_build import DraftTree, TreeShape
 
 __all__ = [
     "AutoregressiveSpeculator",
+    "BlockDraftOutput",
+    "BlockProposer",
     "PrefillState",
     "DraftLM",
     "DraftOutput",

@@ -35,10 +35,13 @@ call `step` with theirs.
 from __future__ import annotations
 
 from specdraft.models.heads.base import DraftHead, check_shareable
+from specdraft.models.heads.block import BlockConfig, BlockDraftHead
 from specdraft.models.heads.eagle import Eagle3DecoderLayer, Eagle3Head, EagleHead
 from specdraft.models.heads.mtp import MTPHead, MTPLayer
 
 __all__ = [
+    "BlockConfig",
+    "BlockDraftHead",
     "DraftHead",
     "Eagle3DecoderLayer",
     "Eagle3Head",
