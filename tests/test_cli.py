@@ -133,6 +133,9 @@ REFUSED = [
     (["demo", "--tree", "4,4,16", "--k", "3"], "--k and --tree 4,4,16: the tree's depth is its K"),
     (["demo", "--tree", "AUTO"], "--tree must be auto or three integers D,K,N"),
     (["demo", "--tree", "4,4"], "--tree must be auto or three integers D,K,N"),
+    # Well formed, out of range: TreeShape's own checks, which import no torch.
+    (["demo", "--tree", "9,2,4"], "--tree 9,2,4: depth must be in [1, 8], got 9"),
+    (["demo", "--tree", "2,2,40"], "--tree 2,2,40: num_verify_tokens: 40 needs 39 drafted nodes"),
 ]
 
 REFUSED_SCRIPT = textwrap.dedent(

@@ -130,7 +130,7 @@ def tree_numbers(parser: argparse.ArgumentParser, text: str) -> tuple[int, int, 
 
 def tree_shape(parser: argparse.ArgumentParser, text: str, numbers: tuple[int, int, int]):
     """--tree D,K,N as a TreeShape (its own checks name what is wrong)."""
-    from specdraft.proposers.tree_build import TreeShape
+    from specdraft.tree_shape import TreeShape  # plain Python: no torch before the error
 
     depth, topk, num_verify_tokens = numbers
     try:

@@ -37,42 +37,12 @@ build against a plain-Python EAGLE-2 reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from specdraft.checks import check_int_range
 from specdraft.ops.tree_structure import tree_ancestors, tree_expand, tree_select
-
-MAX_DEPTH, MAX_TOPK, MAX_VERIFY_TOKENS = 8, 8, 64
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """depth D (draft steps, 1..8), topk (children per expansion, 1..8) and
-    num_verify_tokens N (the tree the target verifies, root included, 2..64). N - 1
-    must not exceed the pool (topk + (D - 1) * topk**2 nodes): a tree cannot keep
-    more nodes than were drafted. topk = 1 with N = D + 1 is the chain."""
-
-    depth: int
-    topk: int
-    num_verify_tokens: int
-
-    def __post_init__(self) -> None:
-        check_int_range("depth", self.depth, 1, MAX_DEPTH)
-        check_int_range("topk", self.topk, 1, MAX_TOPK)
-        check_int_range("num_verify_tokens", self.num_verify_tokens, 2, MAX_VERIFY_TOKENS)
-        if self.num_verify_tokens - 1 > self.pool_size:
-            raise ValueError(
-                f"num_verify_tokens: {self.num_verify_tokens} needs {self.num_verify_tokens - 1} drafted nodes, but "
-                f"depth {self.depth} with topk {self.topk} drafts {self.pool_size} "
-                f"(topk + (depth - 1) * topk**2)"
-            )
-
-    @property
-    def pool_size(self) -> int:
-        return self.topk + (self.depth - 1) * self.topk**2
+from specdraft.tree_shape import TreeShape  # plain Python, so a CLI can check one before importing torch
 
 
 def check_tree_shape(name: str, value) -> None:
