@@ -94,10 +94,14 @@ class OracleDrafter:
         g = torch.sigmoid(g)
         return torch.tanh(out), g * state + (1 - g) * torch.tanh(cand)
 
+    def base_logits(self, hidden):
+        """[S, V] the block rows' logits before the Markov head."""
+        return self.lin("lm_head", hidden)
+
     def draft(self, hidden, newest_token):
         """Greedy drafts of a block: (base logits [S, V], corrected logits [S, V],
         tokens [S], confidence logits [S] or None), the Markov head applied in order."""
-        base = self.lin("lm_head", hidden)
+        base = self.base_logits(hidden)
         corrected, tokens, conf = [], [], []
         prev = int(newest_token)
         state = torch.zeros(self.block.markov_rank, dtype=torch.float64)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from specdraft.models.heads.base import DraftHead, check_shareable
 from specdraft.models.heads.block import BlockConfig, BlockDraftHead
+from specdraft.models.heads.block_gemma4 import Gemma4BlockDraftHead, Gemma4Settings
 from specdraft.models.heads.eagle import Eagle3DecoderLayer, Eagle3Head, EagleHead
 from specdraft.models.heads.mtp import MTPHead, MTPLayer
 
@@ -46,6 +47,8 @@ __all__ = [
     "Eagle3DecoderLayer",
     "Eagle3Head",
     "EagleHead",
+    "Gemma4BlockDraftHead",
+    "Gemma4Settings",
     "MTPHead",
     "MTPLayer",
     "check_shareable",

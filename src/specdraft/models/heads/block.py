@@ -193,11 +193,11 @@ class BlockDraftHead(DraftHead):
         if config.draft_vocab_size != config.vocab_size:
             raise ValueError("draft_vocab_size: block drafters draft over the target's vocabulary")
         self.block = block
-        h, eps = config.hidden_size, config.rms_norm_eps
-        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_layers)])
-        self.norm = RMSNorm(h, eps)
+        h = config.hidden_size
+        self.layers = nn.ModuleList([self.build_layer(config) for _ in range(config.num_layers)])
+        self.norm = self.build_norm(h)
         self.fc = nn.Linear(len(block.target_layer_ids) * config.target_hidden_size, h, bias=False)
-        self.hidden_norm = RMSNorm(h, eps)
+        self.hidden_norm = self.build_norm(h)
         self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
         self.markov_head = (
             MarkovHead(block.markov_head_type, config.vocab_size, block.markov_rank, h) if block.markov_rank else None
@@ -205,6 +205,17 @@ class BlockDraftHead(DraftHead):
         width = h + (block.markov_rank if block.confidence_with_markov else 0)
         self.confidence_head = ConfidenceHead(width) if block.confidence_head else None
         self.to(config.dtype)
+
+    # ------------------------------------------------------------------ backbone
+
+    def build_layer(self, config: DraftModelConfig) -> nn.Module:
+        """One decoder layer of the backbone: forward(positions, x, attend) and
+        self_attn.project_kv(positions, x) (a Gemma4 head builds its own)."""
+        return DecoderLayer(config)
+
+    def build_norm(self, size: int) -> nn.Module:
+        """The backbone's RMSNorm (final norm, hidden_norm)."""
+        return RMSNorm(size, self.config.rms_norm_eps)
 
     # ------------------------------------------------------------------ identity
 

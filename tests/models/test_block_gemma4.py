@@ -1,0 +1,145 @@
+"""Block drafters on DeepSpec's Gemma4 backbone (Gemma4BlockDraftHead) against an
+independent float64 oracle (tests/models/block_gemma4_oracle.py) over running
+sequences: a ragged batch, several blocks each with random acceptance, the context's
+keys and values in the paged cache across blocks, as tests/models/test_block_head.py
+does for the Llama / Qwen3 backbone.
+
+DFlash heads run through BlockProposer.propose (block logits and greedy drafts).
+DSpark heads run the proposer's own context write and block forward
+(proposers.block.write_context / block_forward); their Markov-corrected logits come
+from the head's markov_bias fed the oracle's greedy tokens (teacher forced: each
+row's argmax must be the oracle's token, which is what sequential greedy sampling
+draws), and their confidence logits from confidence_logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.config import SpeculativeConfig
+from specdraft.models.config import DraftModelConfig
+from specdraft.models.heads.block import BlockConfig
+from specdraft.models.heads.block_gemma4 import Gemma4BlockDraftHead, Gemma4Settings
+from specdraft.proposers.block import BlockProposer, block_forward, write_context
+from specdraft.proposers.loop import TargetWindow, sample_rows
+from tests.models.block_gemma4_oracle import Gemma4OracleDrafter
+from tests.models.test_block_head import BLOCK, CACHE_BLOCK, VOCAB, window_metadata
+
+
+def make_gemma_head(gemma: Gemma4Settings, markov=None, confidence=False, with_markov=False, bias=False, seed=0):
+    torch.manual_seed(seed)
+    cfg = DraftModelConfig(hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=16,
+                           vocab_size=VOCAB, num_layers=2, qk_norm=True, rope_theta=500.0, rms_norm_eps=1e-6,
+                           attention_bias=bias, o_proj_bias=bias)  # fmt: skip
+    block = BlockConfig(block_size=BLOCK, mask_token_id=VOCAB - 1, target_layer_ids=(-1, 1, 2), num_target_layers=4,
+                        markov_rank=8 if markov else 0, markov_head_type=markov, confidence_head=confidence,
+                        confidence_with_markov=with_markov)  # fmt: skip
+    head = Gemma4BlockDraftHead(cfg, block, gemma)
+    with torch.no_grad():  # norms, scalars and biases away from their defaults so that a missing one shows
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+        for layer in head.layers:
+            layer.layer_scalar.fill_(0.5 + torch.rand(()).item())
+        head.lm_head.weight.mul_(3)  # logits of a few units: the soft cap at 2 bends them
+        head.markov_head is not None and head.markov_head.markov_w2.weight.mul_(4)
+    return head
+
+
+GEMMA = Gemma4Settings(partial_rotary_factor=0.25, attention_k_eq_v=True, final_logit_softcapping=2.0)
+GEMMA_V = Gemma4Settings(partial_rotary_factor=0.5, rope_factor=2.0, attention_k_eq_v=False)
+VARIANTS = [
+    pytest.param(GEMMA, None, False, False, False, id="dflash-k_eq_v-softcap"),
+    pytest.param(GEMMA_V, None, False, False, True, id="dflash-v_proj-bias-rope_factor"),
+    pytest.param(GEMMA, "vanilla", True, True, False, id="dspark-vanilla-conf_markov"),
+    pytest.param(GEMMA, "gated", True, False, False, id="dspark-gated-conf"),
+    pytest.param(GEMMA_V, "rnn", False, False, False, id="dspark-rnn"),
+]
+
+
+def serve(proposer, head, positions, hidden, newest, meta, sample_at=None, rejected=None):
+    """DFlash: the proposer's output. DSpark: the block's final hidden [B, S, H] from the
+    proposer's context write and block forward."""
+    if head.markov_head is None:
+        return proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta,
+                                token_indices_to_sample=sample_at, num_rejected_tokens=rejected)  # fmt: skip
+    window = proposer.checked_window(
+        TargetWindow(torch.zeros_like(positions), positions, hidden, newest, meta, sample_at, rejected), None
+    )
+    _, context_lens = sample_rows(window.metadata, window.token_indices_to_sample, window.num_rejected_tokens)
+    with torch.no_grad():
+        write_context(head, proposer.kv_caches, window)
+        return block_forward(head, proposer.kv_caches, newest, context_lens, window.metadata)
+
+
+def check_block(head, served, b, oracle_hidden, oracle, newest):
+    base, corrected, drafts, conf = oracle.draft(oracle_hidden, newest)
+    if head.markov_head is None:
+        torch.testing.assert_close(served.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
+        assert served.draft_tokens[b].tolist() == drafts.tolist()
+        assert served.confidence_logits is None
+        return
+    hidden = served[b]
+    prev = torch.cat([newest.view(1), drafts[:-1]])
+    with torch.no_grad():
+        logits = head.compute_logits(hidden)
+        torch.testing.assert_close(logits.double(), base, rtol=1e-5, atol=1e-5)
+        ours = logits + head.markov_bias(prev, hidden)
+        torch.testing.assert_close(ours.double(), corrected, rtol=1e-5, atol=1e-5)
+        assert ours.argmax(-1).tolist() == drafts.tolist()
+        got = head.confidence_logits(hidden, prev)
+    if conf is None:
+        assert got is None
+    else:
+        torch.testing.assert_close(got.double(), conf, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gemma,markov,confidence,with_markov,bias", VARIANTS)
+def test_gemma4_block_drafts_match_the_oracle_over_running_sequences(gemma, markov, confidence, with_markov, bias):
+    head = make_gemma_head(gemma, markov, confidence, with_markov, bias)
+    assert head.attention_scale == 1.0
+    width = head.hidden_width
+    gen = torch.Generator().manual_seed(1)
+    prompts, total, table_width = [7, 3], 40, 16
+    tokens = [torch.randint(0, VOCAB - 1, (total,), generator=gen) for _ in prompts]
+    features = [torch.randn(total, width, generator=gen) for _ in prompts]
+    config = SpeculativeConfig(method="block", num_speculative_tokens=BLOCK, max_model_len=60, block_size=CACHE_BLOCK,
+                               return_probs="logits")  # fmt: skip
+    proposer = BlockProposer(head, config, head.allocate_kv_caches(len(prompts) * table_width, CACHE_BLOCK))
+    oracles = [Gemma4OracleDrafter(head) for _ in prompts]
+
+    starts, lens = [0] * len(prompts), prompts
+    positions, meta = window_metadata(starts, lens, table_width)
+    hidden = torch.cat([f[:n] for f, n in zip(features, lens, strict=True)])
+    newest = torch.stack([t[n] for t, n in zip(tokens, prompts, strict=True)])
+    out = serve(proposer, head, positions, hidden, newest, meta)
+    context_end = list(prompts)
+    for _ in range(4):
+        for b, oracle in enumerate(oracles):
+            lo, end = starts[b], context_end[b]
+            h = oracle.block_step(features[b][lo:end], torch.arange(lo, end), tokens[b][end], end)
+            check_block(head, out, b, h, oracle, tokens[b][end])
+        accepted = torch.randint(0, BLOCK + 1, (len(prompts),), generator=gen).tolist()
+        starts = list(context_end)
+        lens = [BLOCK + 1] * len(prompts)
+        positions, meta = window_metadata(starts, lens, table_width)
+        hidden = torch.cat([f[s : s + n] for f, s, n in zip(features, starts, lens, strict=True)])
+        context_end = [s + a + 1 for s, a in zip(starts, accepted, strict=True)]
+        newest = torch.stack([t[e] for t, e in zip(tokens, context_end, strict=True)])
+        rejected = torch.tensor([BLOCK - a for a in accepted])
+        sample_at = torch.tensor([i * (BLOCK + 1) + a for i, a in enumerate(accepted)])
+        out = serve(proposer, head, positions, hidden, newest, meta, sample_at, rejected)
+
+
+def test_gemma4_settings_refuse_bad_values():
+    for kwargs, word in [
+        ({"partial_rotary_factor": 0.0}, "partial_rotary_factor"),
+        ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+        ({"rope_factor": 0}, "rope_factor"),
+        ({"attention_k_eq_v": 1}, "attention_k_eq_v"),
+        ({"final_logit_softcapping": -1.0}, "final_logit_softcapping"),
+    ]:
+        with pytest.raises(ValueError, match=word):
+            Gemma4Settings(**kwargs)
