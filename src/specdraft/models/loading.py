@@ -12,7 +12,10 @@ in the layouts EAGLE heads are published in:
 - MTP ("mtp"): layers.K.{enorm, hnorm, eh_proj, self_attn, mlp, shared_head.norm,
   shared_head.head?} (DeepSeek numbers MTP layers after the target's; they are
   renumbered from 0), embed_tokens / lm_head optional; the other MTP layouts are
-  mapped or refused in specdraft.models.mtp_layouts.
+  mapped or refused in specdraft.models.mtp_layouts;
+- block drafters ("block": DFlash, DSpark), told by config.json's architectures
+  (DeepSpec's Qwen3DSparkModel / Gemma4DSparkModel and their kin): read by
+  specdraft.models.block_loading, which also refuses the z-lab DFlash layout by name.
 
 A leading "model." is ignored. Weights missing from the folder that the target can
 supply (embed_tokens, lm_head) are recorded in `model.missing_weights`; the head
@@ -76,7 +79,7 @@ __all__ = [
     "write_safetensors",
 ]
 
-METHODS = ("eagle", "eagle3", "mtp")
+METHODS = ("eagle", "eagle3", "mtp", "block")
 SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
 
 # ---------------------------------------------------------------- layouts
@@ -85,6 +88,10 @@ SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
 def detect_method(names: set[str], hf: dict | None = None) -> str:
     """The head type of (prefix-stripped) tensor names."""
     hf = hf or {}
+    from specdraft.models.block_loading import is_block_config  # noqa: PLC0415  (it builds on this module)
+
+    if is_block_config(hf):
+        return "block"
     if hf.get("speculators_model_type") == "eagle3":
         return "eagle3"
     if "d2t" in names or any(n.startswith(("midlayer.hidden_norm", "layers.0.hidden_norm")) for n in names):
@@ -140,8 +147,9 @@ def load_draft_model(
     device: torch.device | str | None = None,
     strict: bool = True,
 ) -> DraftHead:
-    """Build and fill a draft head from `folder`. method: "eagle", "eagle3", "mtp" or
-    None to detect from the tensor names. dtype overrides config.json's torch_dtype.
+    """Build and fill a draft head from `folder`. method: "eagle", "eagle3", "mtp",
+    "block" or None to detect from config.json's architectures and the tensor names
+    ("block": specdraft.models.block_loading.load_block_drafter's reading). dtype overrides config.json's torch_dtype.
     strict: unexpected tensors are an error (a sign the layout was misread).
 
     Names, shapes, dtypes and config keys are checked always. Checked mode
@@ -153,6 +161,10 @@ def load_draft_model(
     method = detect_method(names, source) if method is None else method
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "block":
+        from specdraft.models.block_loading import load_block_checkpoint  # noqa: PLC0415
+
+        return load_block_checkpoint(folder, source, raw, dtype, device, strict=strict)
     tensors = normalise_names(raw, method, source)
     updates, expected = config_updates(names) if method == "mtp" else ({}, {})
     hf = {**to_hf_draft_config(source), **updates}
