@@ -178,6 +178,8 @@ def block_settings_from_hf(
             f"model_type: {hf.get('model_type')!r} with architectures [{architecture!r}]; expected "
             f"{MODEL_TYPES[architecture]!r} (the backbone the class computes)"
         )
+    if hf.get("quantization_config") is not None:
+        raise ValueError("quantization_config: quantized block drafters are not supported")
     known = BLOCK_KEYS | IGNORED_KEYS | (GEMMA4_KEYS if architecture == GEMMA4 else LLAMA_QWEN3_KEYS)
     unknown = sorted(set(hf) - known)
     if unknown:
