@@ -369,6 +369,19 @@ def test_tensor_refusals_name_the_tensor(tmp_path):
         load_block_drafter(write_folder(tmp_path / "vanilla", edit(Q, markov_head_type="vanilla"), tensors))
 
 
+def test_scaled_rope_of_a_qwen3_config_reads_and_round_trips(tmp_path):
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    hf = edit(Q, rope_parameters=rope)
+    head = load_block_drafter(write_folder(tmp_path / "yarn", hf, deepspec_tensors(Q)))
+    scaling = head.config.rope_scaling
+    assert (scaling.rope_type, scaling.factor, scaling.original_max_position_embeddings) == ("yarn", 4.0, 32768)
+    # Without a factor, YaRN's is max_position_embeddings / original (transformers' rule).
+    derived = block_settings_from_hf(edit(hf, rope_parameters={k: v for k, v in rope.items() if k != "factor"}))
+    assert derived.config.rope_scaling.factor == 40960 / 32768
+    save_block_drafter(head, tmp_path / "again")
+    assert load_block_drafter(tmp_path / "again").config == head.config
+
+
 def test_deepspec_defaults_and_ignored_keys():
     # No Markov head: a stray markov_head_type is ignored (DeepSpec ignores it); no
     # confidence head: confidence_head_with_markov is ignored; rope_parameters None

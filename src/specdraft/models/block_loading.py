@@ -111,7 +111,7 @@ LLAMA_QWEN3_KEYS = {
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "hidden_act", "mlp_bias",
     "num_hidden_layers", "tie_word_embeddings", "layer_types", "sliding_window", "use_sliding_window",
-    "max_window_layers", "pretraining_tp",
+    "max_window_layers", "pretraining_tp", "original_max_position_embeddings",
 }  # fmt: skip
 # Read (or checked) for the Gemma4 backbone. head_dim, num_key_value_heads (with
 # attention_k_eq_v), sliding_window and the PLE / MoE keys describe the target's
@@ -327,9 +327,9 @@ def _check_layer_types(hf: dict[str, Any]) -> None:
 
 def _llama_qwen3_config(hf: dict[str, Any], dtype: torch.dtype | None) -> DraftModelConfig:
     _check_layer_types(hf)
-    read = {
-        k: hf[k] for k in LLAMA_QWEN3_KEYS | {"model_type", "dtype", "torch_dtype", "target_hidden_size"} if k in hf
-    }
+    # max_position_embeddings too: a YaRN / Llama 3 RoPE falls back on it.
+    passed = LLAMA_QWEN3_KEYS | {"model_type", "dtype", "torch_dtype", "target_hidden_size", "max_position_embeddings"}
+    read = {k: hf[k] for k in passed if k in hf}
     read.pop("layer_types", None)  # checked above: all full attention
     if read.get("pretraining_tp", 1) != 1:
         raise ValueError(f"pretraining_tp: {read['pretraining_tp']!r} is not supported (only 1)")
