@@ -252,6 +252,9 @@ def test_legacy_dspark_draft_model_reads_its_dflash_config(tmp_path):
         load_block_drafter(write_folder(tmp_path, legacy, tensors))
     head = load_block_drafter(tmp_path, num_target_layers=4)
     assert head.block == load_block_drafter(write_folder(tmp_path / "new", hf, tensors)).block
+    # A legacy config renamed to Qwen3DSparkModel by hand, its dflash_config kept, reads the same.
+    renamed = edit(legacy, architectures=["Qwen3DSparkModel"], num_target_layers=4)
+    assert load_block_drafter(write_folder(tmp_path / "renamed", renamed, tensors)).block == head.block
     with pytest.raises(ValueError, match="num_target_layers"):
         load_block_drafter(tmp_path / "new", num_target_layers=5)
 

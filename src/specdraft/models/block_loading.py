@@ -39,7 +39,8 @@ Conventions handled besides DeepSpec's own:
   distribution) is refused: specdraft corrects the whole vocabulary, as DeepSpec does.
 - the legacy ["DSparkDraftModel"] with model_type "qwen3": vLLM rewrites it to
   Qwen3DSparkModel with dflash_config's mask_token_id and target_layer_ids; read the
-  same way, every dflash_config key agreeing with the top level where both are set.
+  same way (and so is a Qwen3DSparkModel config that kept its dflash_config), every
+  dflash_config key agreeing with the top level where both are set.
 - z-lab DFlash (["DFlashDraftModel"] and its kin, vLLM "dflash", SGLang DFLASH): block
   slot k >= 1 predicts its own position and a block gives block_size - 1 drafts;
   specdraft implements DeepSpec's convention (the newest token's slot predicts the next
@@ -171,8 +172,8 @@ def block_settings_from_hf(
     if not isinstance(hf, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(hf).__name__}")
     architecture = _architecture(hf)
-    if architecture == LEGACY:
-        hf, architecture = _fold_legacy(hf), QWEN3
+    if architecture == LEGACY or (architecture == QWEN3 and "dflash_config" in hf):
+        hf, architecture = _fold_legacy(hf, architecture), QWEN3
     if hf.get("model_type") != MODEL_TYPES[architecture]:
         raise ValueError(
             f"model_type: {hf.get('model_type')!r} with architectures [{architecture!r}]; expected "
@@ -201,7 +202,7 @@ def _architecture(hf: dict[str, Any]) -> str:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"architectures: expected a list of class names, got {names!r}")
     zlab = [n for n in names if "DFlash" in n]
-    if zlab or hf.get("model_type") == "dflash" or ("dflash_config" in hf and LEGACY not in names):
+    if zlab or hf.get("model_type") == "dflash" or ("dflash_config" in hf and not {LEGACY, QWEN3} & set(names)):
         raise ValueError(f"architectures: {zlab or names} is {ZLAB_REFUSAL}")
     if len(names) != 1 or names[0] not in (*BLOCK_ARCHITECTURES, LEGACY):
         raise ValueError(
@@ -210,13 +211,14 @@ def _architecture(hf: dict[str, Any]) -> str:
     return names[0]
 
 
-def _fold_legacy(hf: dict[str, Any]) -> dict[str, Any]:
+def _fold_legacy(hf: dict[str, Any], architecture: str) -> dict[str, Any]:
     """The legacy DSparkDraftModel config as vLLM reads it: Qwen3DSparkModel with
     dflash_config's block settings at the top level (each must agree with a top-level
-    value of the same key)."""
+    value of the same key). A Qwen3DSparkModel config that kept its dflash_config
+    (a legacy config rewritten by hand) is read the same way."""
     if hf.get("model_type") != "qwen3":
         raise ValueError(
-            f"architectures: ['DSparkDraftModel'] with model_type {hf.get('model_type')!r}: only the Qwen3 layout "
+            f"architectures: [{architecture!r}] with model_type {hf.get('model_type')!r}: only the Qwen3 layout "
             "(model_type 'qwen3') is read; vLLM routes the others to DeepSeek-V4's DSpark, whose weights live in "
             "the target"
         )
