@@ -307,7 +307,8 @@ def load_acceptance(path: pathlib.Path, overrides) -> dict[str, tuple[float, str
     if path.is_file():
         for row in read_rows(path.stem, path.parent):
             c = row["config"]
-            if c.get("B") == 1 and c.get("temperature") == 0 and c.get("K") == BLOCK and c.get("weights") != "random":
+            greedy_k7 = c.get("B") == 1 and c.get("temperature") == 0 and c.get("K") == BLOCK and c.get("topk") == 1
+            if greedy_k7 and c.get("weights") != "random":
                 lengths[c["drafter"]] = (row["metrics"]["acceptance_length"], f"{path.name} ({row['device']})")
     for text in overrides or []:
         kind, _, value = text.partition("=")
