@@ -349,10 +349,10 @@ def report_rows(results: list[dict], plain: dict, acceptance: dict) -> list[list
                  projected_speedup=projected)  # fmt: skip
         na = "n/a"
         rows.append(label + [
-            r["propose_us"], r["propose_floor_us"], round(r["propose_ratio"], 3), r["propose_ratio_range"],
-            r["draft_us"], r["sample_us"], r["iteration_us"], r["floor_us"], round(r["ratio"], 3), r["ratio_range"],
+            r["propose_us"], r["propose_floor_us"], f"{r['propose_ratio']:.3f}", r["propose_ratio_range"],
+            r["draft_us"], r["sample_us"], r["iteration_us"], r["floor_us"], f"{r['ratio']:.3f}", r["ratio_range"],
             r["target_us"], na if plain_us is None else plain_us, na if length is None else length,
-            na if projected is None else round(projected, 3),
+            na if projected is None else f"{projected:.3f}",
         ])  # fmt: skip
     return rows
 
