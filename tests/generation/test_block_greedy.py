@@ -137,13 +137,14 @@ def test_decoder_reads_the_heads_target_layers(build, bigram_target):
     """SpeculativeDecoder feeds a block head the aux layers its target_layer_ids name
     (DeepSpec's -1 and 0 of a 2-layer target: the streams entering layers 0 and 1),
     and a decoder reused for a second, smaller batch (the draft's context cache
-    holding the first run's keys) is lossless again."""
+    holding the first run's keys; verify and draft as two calls, time_split) is
+    lossless again."""
     target, eos, want = bigram_target
     proposer = build.make_proposer("dflash", target, 3, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.2)
     decoder = SpeculativeDecoder(target, proposer)
     assert proposer.model.block.target_layer_ids == (-1, 0)
     assert decoder.aux_layers == (0, 1)
-    for rows in (range(len(PROMPTS)), [3, 1]):
+    for rows, time_split in ((range(len(PROMPTS)), False), ([3, 1], True)):
         got = decoder.generate([PROMPTS[b] for b in rows], max_new_tokens=[MAX_NEW[b] for b in rows],
-                               eos_token_id=[eos[b] for b in rows])  # fmt: skip
+                               eos_token_id=[eos[b] for b in rows], time_split=time_split)  # fmt: skip
         assert [t.tolist() for t in got.tokens] == [want[b] for b in rows]
