@@ -1,6 +1,11 @@
 """Builders for the generate tests: small random TinyTargetModels, and every proposer
 generate supports, either random (drafts mostly rejected) or built from the
-target's own weights (drafts mostly accepted). Exposed as the `build` fixture."""
+target's own weights (drafts mostly accepted). Exposed as the `build` fixture.
+
+Block drafters (DFlash, DSpark: fixtures.block_drafters) draft a block of
+`head_block_size` (default K) tokens; their copy heads pair with a target whose
+layers barely move its residual stream (make_target's context_weight), so that it
+mostly continues with the token its embedding alone predicts (`bigram_map`)."""
 
 import pytest
 import torch
@@ -9,6 +14,9 @@ from specdraft.config import SpeculativeConfig
 from specdraft.generation import num_kv_blocks
 from specdraft.models import DraftModelConfig, Eagle3Head, EagleHead, MTPHead, TinyTargetModel
 from specdraft.proposers import AutoregressiveSpeculator, DraftLM, EagleProposer, MultiLayerEagleProposer
+from specdraft.proposers.block import BlockProposer
+
+from fixtures.block_drafters import BLOCK_KINDS, bigram_map, block_copy_head, block_head
 
 VOCAB = 64
 HIDDEN = 32
@@ -31,9 +39,13 @@ def model_config(vocab=VOCAB, hidden=HIDDEN, **overrides) -> DraftModelConfig:
     return DraftModelConfig(**fields)
 
 
-def make_target(num_layers=2, vocab=VOCAB, seed=0, logit_scale=1.0, unit_embeddings=False) -> TinyTargetModel:
+def make_target(
+    num_layers=2, vocab=VOCAB, seed=0, logit_scale=1.0, unit_embeddings=False, context_weight=1.0
+) -> TinyTargetModel:
     """A random target. logit_scale sharpens its distribution; unit_embeddings gives
-    every embedding row RMS 1 (so an MTP layer's enorm leaves it unchanged)."""
+    every embedding row RMS 1 (so an MTP layer's enorm leaves it unchanged);
+    context_weight scales what each layer adds to the residual stream (its o_proj
+    and down_proj): near 0 the next token is mostly `bigram_map`'s of the last one."""
     torch.manual_seed(seed)
     target = TinyTargetModel(model_config(vocab=vocab, num_layers=num_layers)).eval()
     with torch.no_grad():
@@ -41,6 +53,9 @@ def make_target(num_layers=2, vocab=VOCAB, seed=0, logit_scale=1.0, unit_embeddi
         if unit_embeddings:
             w = target.embed_tokens.weight
             w.div_(w.pow(2).mean(-1, keepdim=True).sqrt())
+        for layer in target.layers:
+            layer.self_attn.o_proj.weight.mul_(context_weight)
+            layer.mlp.down_proj.weight.mul_(context_weight)
     return target
 
 
@@ -69,6 +84,8 @@ def random_head(kind, target, k, seed):
         return MTPHead(model_config(vocab=vocab, n_predict=k)).eval(), "mtp"
     if kind == "autoregressive":
         return DraftLM(TinyTargetModel(model_config(vocab=vocab, num_layers=1)).eval()), "eagle"
+    if kind in BLOCK_KINDS:
+        return block_head(kind, target, k, mask_token_id=vocab - 1, markov_rank=8), "block"
     raise ValueError(kind)
 
 
@@ -91,6 +108,8 @@ def copy_head(kind, target, k, noise=0.0):
     the sequence without its first token(s), so it predicts what the target does
     (RoPE sees relative positions only) and most drafts are accepted; `noise` (a
     perturbation of its MLP weights) makes some of them rejected."""
+    if kind in BLOCK_KINDS:
+        return block_copy_head(kind, target, k, noise), "block"
     assert target.config.num_layers == 1
     if kind == "autoregressive":
         return DraftLM(target), "eagle"  # the target itself: every draft accepted
@@ -123,11 +142,16 @@ def _copied_head(kind, target, k):
 
 
 def make_proposer(
-    kind, target, k, *, max_model_len, copy=False, noise=0.0, seed=0, max_reqs=MAX_REQS, **config_overrides
-):
-    head, method = copy_head(kind, target, k, noise) if copy else random_head(kind, target, k, seed)
+    kind, target, k, *, max_model_len, copy=False, noise=0.0, seed=0, max_reqs=MAX_REQS, head_block_size=None,
+    **config_overrides,
+):  # fmt: skip
+    """head_block_size: a block drafter's block (default K; K <= it)."""
+    drafted = k if head_block_size is None else head_block_size
+    head, method = copy_head(kind, target, drafted, noise) if copy else random_head(kind, target, drafted, seed)
     config = spec_config(method, k, max_model_len, **config_overrides)
     caches = head.allocate_kv_caches(num_kv_blocks(max_reqs, max_model_len, k, BLOCK_SIZE), BLOCK_SIZE)
+    if kind in BLOCK_KINDS:
+        return BlockProposer(head, config, caches)
     if kind == "multi_layer":
         return MultiLayerEagleProposer(head, config, caches, max_num_reqs=max_reqs)
     if kind == "autoregressive":
@@ -138,7 +162,9 @@ def make_proposer(
 class Builders:
     VOCAB = VOCAB
     BLOCK_SIZE = BLOCK_SIZE
+    BLOCK_KINDS = BLOCK_KINDS
     make_target = staticmethod(make_target)
+    bigram_map = staticmethod(bigram_map)
     make_proposer = staticmethod(make_proposer)
     spec_config = staticmethod(spec_config)
     model_config = staticmethod(model_config)

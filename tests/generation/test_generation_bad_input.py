@@ -95,7 +95,7 @@ def test_hidden_size_differs(build, target):
 @pytest.mark.parametrize(
     ("aux_layers", "match"),
     [
-        ((0, 1), r"^aux_layers: EAGLE-3 fuses 96 features"),
+        ((0, 1), r"^aux_layers: the head reads 96 features \(3 x target_hidden_size: EAGLE-3 fuses three aux layers"),
         ((0, 1, 2), r"^aux_layers: layer 2 is not an int in \[0, 2\)"),
     ],
 )

@@ -22,7 +22,15 @@ def target(build):
 
 @pytest.mark.parametrize(
     ("kind", "sampled"),
-    [("eagle", False), ("eagle3", True), ("mtp", False), ("multi_layer", True), ("autoregressive", True)],
+    [
+        ("eagle", False),
+        ("eagle3", True),
+        ("mtp", False),
+        ("multi_layer", True),
+        ("autoregressive", True),
+        ("dflash", True),
+        ("dspark-gated-confidence", False),
+    ],
 )
 def test_generate_gives_the_same_tokens_in_both_modes(build, target, kind, sampled):
     k = 2

@@ -64,8 +64,9 @@ def generate(
 
     prompts: B token id sequences (lists or 1-D int tensors), lengths 1 ..
         max_model_len - 1, any mix.
-    proposer: EagleProposer (method "eagle", "eagle3", "mtp"), MultiLayerEagleProposer
-        or AutoregressiveSpeculator, built with KV caches of at least
+    proposer: EagleProposer (method "eagle", "eagle3", "mtp"), MultiLayerEagleProposer,
+        AutoregressiveSpeculator or BlockProposer (method "block": DFlash, DSpark;
+        K <= the head's block_size), built with KV caches of at least
         num_kv_blocks(B, max_model_len, K, block_size) blocks per layer; its config
         gives K, max_model_len and block_size. At temperature > 0 its drafts must be
         greedy (draft_sampling="greedy": one-hot draft probabilities) or
@@ -79,7 +80,9 @@ def generate(
     max_model_len / block_size: for plain decoding (block_size default 16); with a
         proposer they come from its config.
     aux_layers: the target layers whose entering residual EAGLE-3 fuses (default
-        default_aux_layers(num_layers)); other methods read the final hidden state.
+        default_aux_layers(num_layers)); a block drafter reads those its
+        target_layer_ids name (any other value is an error); other methods read the
+        final hidden state.
     compile: False, True or torch.compile options for the iteration (fullgraph=True).
     time_split: run each iteration as two calls (verify, draft) timed apart, which
         fills stats.verify_time_s / draft_time_s; off, an iteration is one call.

@@ -16,6 +16,7 @@ import torch
 
 from specdraft.config import SamplingParams
 from specdraft.models import default_aux_layers
+from specdraft.models.heads.block import BlockConfig
 
 from . import checks
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
@@ -54,15 +55,17 @@ def num_kv_blocks(num_reqs: int, max_model_len: int, num_speculative_tokens: int
 class SpeculativeDecoder:
     """Speculative decoding of a batch of prompts with `target` and `proposer`
     (EagleProposer for EAGLE-1 / EAGLE-3 / MTP heads, MultiLayerEagleProposer,
-    AutoregressiveSpeculator), or plain decoding of the target when proposer is None.
+    AutoregressiveSpeculator, BlockProposer for DFlash / DSpark heads), or plain
+    decoding of the target when proposer is None.
 
     target: a model like TinyTargetModel: forward(input_ids, positions,
     attn_metadata, kv_caches, aux_layers=()) -> (final hidden after norm, aux or
     None), compute_logits(hidden), allocate_kv_caches(num_blocks, block_size),
     config.vocab_size / hidden_size / num_layers. The draft reads the target's final
     hidden state (EAGLE-1, MTP) or, when its head's reads_aux_hidden_states is True
-    (EAGLE-3), its aux hidden states (aux_layers, default
-    default_aux_layers(num_layers), concatenated).
+    (EAGLE-3, block drafters), its aux hidden states (aux_layers, concatenated:
+    default default_aux_layers(num_layers); a block drafter's are those its
+    target_layer_ids name, checks.block_aux_layers).
 
     max_model_len, block_size: the proposer's config (pass them only for plain
     decoding; a value that differs from the config is an error). compile: False, True
@@ -110,10 +113,11 @@ class SpeculativeDecoder:
             self.k = 0
         self.max_model_len = checks.positive_int("max_model_len", max_model_len)
         self.block_size = checks.positive_int("block_size", block_size)
-        if aux_layers is None:
+        block = getattr(proposer.model, "block", None) if proposer is not None else None
+        if isinstance(block, BlockConfig):  # a block drafter names its layers
+            aux_layers = checks.block_aux_layers(block, target.config.num_layers, aux_layers)
+        elif aux_layers is None:
             aux_layers = default_aux_layers(target.config.num_layers) if self.feeds_aux else ()
-            if self.feeds_aux and hasattr(proposer.model, "block"):  # a block drafter names its layers
-                aux_layers = proposer.model.block.aux_layers
         self.aux_layers = checks.check_aux_layers(aux_layers, target.config.num_layers)
         if proposer is not None:
             checks.check_proposer(proposer, target, self.aux_layers, self.feeds_aux)

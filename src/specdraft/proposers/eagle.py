@@ -58,6 +58,8 @@ class EagleProposer(Proposer):
     def __init__(self, model: torch.nn.Module, config: SpeculativeConfig, kv_caches: list[torch.Tensor]) -> None:
         super().__init__(model, config, kv_caches)
         check_method(model, config.method)
+        if config.method == "block":  # a block head has no single-token step to loop over
+            raise ValueError("config.method 'block': block drafters (DFlash, DSpark) draft with BlockProposer")
         token, vocab = config.parallel_drafting_token_id, model.config.vocab_size
         if config.parallel_drafting and token >= vocab:
             raise ValueError(f"parallel_drafting_token_id = {token} is outside the head's vocabulary [0, {vocab})")

@@ -25,7 +25,7 @@ Parameter names follow DeepSpec's modules, so its checkpoints load by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +63,8 @@ class BlockConfig:
             _positive_int(name, getattr(self, name))
         if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int) or self.mask_token_id < 0:
             raise ValueError(f"mask_token_id must be a non-negative int, got {self.mask_token_id!r}")
+        if not isinstance(self.target_layer_ids, Sequence) or isinstance(self.target_layer_ids, str):
+            raise ValueError(f"target_layer_ids must be a non-empty sequence of ints, got {self.target_layer_ids!r}")
         ids = tuple(self.target_layer_ids)
         if not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
             raise ValueError(f"target_layer_ids must be a non-empty sequence of ints, got {self.target_layer_ids!r}")
@@ -192,6 +194,8 @@ class BlockDraftHead(DraftHead):
             )
         if config.draft_vocab_size != config.vocab_size:
             raise ValueError("draft_vocab_size: block drafters draft over the target's vocabulary")
+        if config.mrope_section is not None:
+            raise ValueError("mrope_section: block drafters take 1-D positions (no M-RoPE)")
         self.block = block
         h = config.hidden_size
         self.layers = nn.ModuleList([self.build_layer(config) for _ in range(config.num_layers)])
