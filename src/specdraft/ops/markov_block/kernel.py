@@ -71,20 +71,42 @@ def tanh(x):
 
 
 @triton.jit
-def matvec_rows(w_ptr, rows, row_mask, row_stride, col_offset, cols, col_mask, vec):
+def tile_mask(row_mask, col_mask, EVEN_R: tl.constexpr):
+    """The mask of a [rows, BLOCK_R] tile. EVEN_R (r == BLOCK_R): rows only, so that the
+    compiler sees whole rows and vectorises the loads (a mask against the runtime r
+    makes every element a scalar load)."""
+    if EVEN_R:
+        return row_mask[:, None]
+    else:
+        return row_mask[:, None] & col_mask[None, :]
+
+
+@triton.jit
+def load_vector(ptr, cols, col_mask, EVEN_R: tl.constexpr):
+    """ptr[cols] in fp32, 0 past r."""
+    if EVEN_R:
+        return tl.load(ptr + cols).to(tl.float32)
+    else:
+        return tl.load(ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def matvec_rows(w_ptr, rows, row_mask, row_stride, col_offset, cols, col_mask, vec, EVEN_R: tl.constexpr):
     """sum_k W[rows, col_offset + k] * vec[k] in fp32, k over the masked cols."""
     offs = rows[:, None].to(tl.int64) * row_stride + col_offset + cols[None, :]
-    w = tl.load(w_ptr + offs, mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=tile_mask(row_mask, col_mask, EVEN_R), other=0.0).to(tl.float32)
     return tl.sum(w * vec[None, :], 1)
 
 
 @triton.jit
-def joint_row(hidden_row, weight_ptr, out, out_mask, weight_stride, rank, cols, col_mask, state, emb):
+def joint_row(
+    hidden_row, weight_ptr, out, out_mask, weight_stride, rank, cols, col_mask, state, emb, EVEN_R: tl.constexpr
+):
     """rnn: entries `out` of joint_proj([state ; emb ; h]) = hidden part + the weight's
     columns [0, r) @ state + its columns [r, 2r) @ emb."""
     value = tl.load(hidden_row + out, mask=out_mask, other=0.0).to(tl.float32)
-    value += matvec_rows(weight_ptr, out, out_mask, weight_stride, 0, cols, col_mask, state)
-    return value + matvec_rows(weight_ptr, out, out_mask, weight_stride, rank, cols, col_mask, emb)
+    value += matvec_rows(weight_ptr, out, out_mask, weight_stride, 0, cols, col_mask, state, EVEN_R)
+    return value + matvec_rows(weight_ptr, out, out_mask, weight_stride, rank, cols, col_mask, emb, EVEN_R)
 
 
 # --------------------------------------------------------------------- kernels
@@ -95,7 +117,8 @@ def markov_latent_kernel(
     first_prev_ptr, w1_ptr, hidden_ptr, weight_ptr, state_ptr, latent_ptr,
     part_key_ptr, part_idx_ptr, tokens_ptr,
     step, vocab, rank, num_steps, num_splits, weight_stride,
-    RNN: tl.constexpr, LATENT_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    RNN: tl.constexpr, LATENT_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_R: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Entries [j, j + LATENT_ROWS) of step `step`'s latent (gated or rnn), into
     latent [B, r]; rnn: also of the next state, into slot step % 2 of state [B, 2, r]."""
@@ -110,7 +133,7 @@ def markov_latent_kernel(
     j = block * LATENT_ROWS + tl.arange(0, LATENT_ROWS)
     j_mask = j < rank
     emb_row = w1_ptr + prev.to(tl.int64) * rank
-    emb = tl.load(emb_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    emb = load_vector(emb_row, cols, col_mask, EVEN_R)
     emb_j = tl.load(emb_row + j, mask=j_mask, other=0.0).to(tl.float32)
     if RNN:
         hidden_row = hidden_ptr + (row * num_steps + step) * 3 * rank
@@ -120,11 +143,12 @@ def markov_latent_kernel(
         state = tl.load(state_row + cols, mask=cols < state_limit, other=0.0)
         state_j = tl.load(state_row + j, mask=j < state_limit, other=0.0)
         # joint_proj rows [g | c | o] read [state ; emb]: weight columns [0, r) and [r, 2r).
-        pre_gate = joint_row(hidden_row, weight_ptr, j, j_mask, weight_stride, rank, cols, col_mask, state, emb)
+        pre_gate = joint_row(hidden_row, weight_ptr, j, j_mask, weight_stride, rank, cols, col_mask, state, emb,
+                             EVEN_R)  # fmt: skip
         pre_candidate = joint_row(hidden_row, weight_ptr, rank + j, j_mask, weight_stride, rank, cols, col_mask,
-                                  state, emb)  # fmt: skip
+                                  state, emb, EVEN_R)  # fmt: skip
         pre_output = joint_row(hidden_row, weight_ptr, 2 * rank + j, j_mask, weight_stride, rank, cols, col_mask,
-                               state, emb)  # fmt: skip
+                               state, emb, EVEN_R)  # fmt: skip
         gate = tl.sigmoid(pre_gate)
         new_state = gate * state_j + (1.0 - gate) * tanh(pre_candidate)
         tl.store(state_ptr + (row * 2 + step % 2) * rank + j, new_state, mask=j_mask)
@@ -132,17 +156,17 @@ def markov_latent_kernel(
     else:
         hidden_row = hidden_ptr + (row * num_steps + step) * rank
         value = tl.load(hidden_row + j, mask=j_mask, other=0.0).to(tl.float32)
-        value += matvec_rows(weight_ptr, j, j_mask, weight_stride, 0, cols, col_mask, emb)
+        value += matvec_rows(weight_ptr, j, j_mask, weight_stride, 0, cols, col_mask, emb, EVEN_R)
         latent = tl.sigmoid(value) * emb_j
     tl.store(latent_ptr + row * rank + j, latent, mask=j_mask)
 
 
 @triton.jit
-def load_tile(w2_ptr, base_row, idx, end, rank, cols, col_mask):
+def load_tile(w2_ptr, base_row, idx, end, rank, cols, col_mask, EVEN_R: tl.constexpr):
     """W2[idx, :r] (0 past end) and base[idx] (-inf past end) of one tile of rows."""
     mask = idx < end
     offs = idx[:, None].to(tl.int64) * rank + cols[None, :]
-    w = tl.load(w2_ptr + offs, mask=mask[:, None] & col_mask[None, :], other=0.0)
+    w = tl.load(w2_ptr + offs, mask=tile_mask(mask, col_mask, EVEN_R), other=0.0)
     return w, tl.load(base_row + idx, mask=mask, other=float("-inf"))
 
 
@@ -153,7 +177,7 @@ def markov_bias_kernel(
     tokens_ptr, corrected_ptr, part_key_ptr, part_idx_ptr,
     step, vocab, rank, num_steps, num_splits, base_stride_b, base_stride_s,
     SALT_KEY: tl.constexpr, GATHER: tl.constexpr,
-    ROWS_PER_PROGRAM: tl.constexpr, ROWS_PER_TILE: tl.constexpr, BLOCK_R: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr, ROWS_PER_TILE: tl.constexpr, BLOCK_R: tl.constexpr, EVEN_R: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
     """Vocabulary rows [start, start + ROWS_PER_PROGRAM) of step `step`: corrected =
@@ -167,15 +191,16 @@ def markov_bias_kernel(
     col_mask = cols < rank
     base_row = base_ptr + row * base_stride_b + step * base_stride_s
     # Issued before the latent is known (the first tile's loads do not need it).
-    w_next, x_next = load_tile(w2_ptr, base_row, start + tl.arange(0, ROWS_PER_TILE), end, rank, cols, col_mask)
+    first = start + tl.arange(0, ROWS_PER_TILE)
+    w_next, x_next = load_tile(w2_ptr, base_row, first, end, rank, cols, col_mask, EVEN_R)
 
     if GATHER:
         prev = previous_token(first_prev_ptr, part_key_ptr, part_idx_ptr, row, step, vocab, num_steps, num_splits,
                               SPLIT_BLOCK)  # fmt: skip
         store_previous_token(tokens_ptr, prev, row, step, num_steps, split == 0)
-        latent = tl.load(w1_ptr + prev.to(tl.int64) * rank + cols, mask=col_mask, other=0.0).to(tl.float32)
+        latent = load_vector(w1_ptr + prev.to(tl.int64) * rank, cols, col_mask, EVEN_R)
     else:
-        latent = tl.load(latent_ptr + row * rank + cols, mask=col_mask, other=0.0)
+        latent = load_vector(latent_ptr + row * rank, cols, col_mask, EVEN_R)
 
     temp = tl.load(temperature_ptr + row).to(tl.float32)
     greedy = temp <= 0
@@ -186,7 +211,7 @@ def markov_bias_kernel(
     for off in range(start, end, ROWS_PER_TILE):
         idx = off + tl.arange(0, ROWS_PER_TILE)
         w, x = w_next, x_next
-        w_next, x_next = load_tile(w2_ptr, base_row, idx + ROWS_PER_TILE, end, rank, cols, col_mask)
+        w_next, x_next = load_tile(w2_ptr, base_row, idx + ROWS_PER_TILE, end, rank, cols, col_mask, EVEN_R)
         corrected = x.to(tl.float32) + tl.sum(w.to(tl.float32) * latent[None, :], 1)
         tl.store(out_row + idx, corrected, mask=idx < end)
         # draft_sample's keys: the logits for a greedy row (gain 1), Gumbel-max otherwise.

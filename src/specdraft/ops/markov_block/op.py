@@ -29,7 +29,9 @@ else:
     # W2 elements per bias program: 128 KB of bf16, 16 rows x 256 at r = 256, so a 152k
     # vocabulary spreads over 594 programs, enough to stream W2 at B = 1.
     PROGRAM_ELEMENTS = 65536
-    SPLIT_BLOCK = 256  # partials combined per iteration (a 152k row at r = 256 has 594)
+    # Partials combined per iteration: a 152k row at r = 256 has 594, one iteration (every
+    # program of the next step combines them, so their latency is on each step's path).
+    SPLIT_BLOCK = 1024
 
 
 def tiles(rank: int) -> tuple[int, int, int, int]:
@@ -67,7 +69,8 @@ def _launch(base_logits, first_prev_tokens, markov_w1, markov_w2, temperature, s
             wrap_triton(markov_latent_kernel)[(num_reqs, cdiv(rank, latent_rows))](
                 first_prev_tokens, markov_w1, hidden_part, latent_weight, state, latent, part_key, part_idx, tokens,
                 step, vocab, rank, num_steps, num_splits, latent_weight.stride(0),
-                RNN=kind == "rnn", LATENT_ROWS=latent_rows, BLOCK_R=block_r, SPLIT_BLOCK=SPLIT_BLOCK,
+                RNN=kind == "rnn", LATENT_ROWS=latent_rows, BLOCK_R=block_r, EVEN_R=block_r == rank,
+                SPLIT_BLOCK=SPLIT_BLOCK,
                 num_warps=NUM_WARPS,
             )  # fmt: skip
         wrap_triton(markov_bias_kernel)[(num_reqs, num_splits)](
@@ -75,7 +78,8 @@ def _launch(base_logits, first_prev_tokens, markov_w1, markov_w2, temperature, s
             tokens, corrected, part_key, part_idx,
             step, vocab, rank, num_steps, num_splits, base_logits.stride(0), base_logits.stride(1),
             SALT_KEY=salt_key(salt, STREAM_DRAFT), GATHER=gather, ROWS_PER_PROGRAM=rows_per_program,
-            ROWS_PER_TILE=rows_per_tile, BLOCK_R=block_r, SPLIT_BLOCK=SPLIT_BLOCK, FAST_LOG2=FAST_LOG2,
+            ROWS_PER_TILE=rows_per_tile, BLOCK_R=block_r, EVEN_R=block_r == rank, SPLIT_BLOCK=SPLIT_BLOCK,
+            FAST_LOG2=FAST_LOG2,
             num_warps=NUM_WARPS,
         )  # fmt: skip
     wrap_triton(markov_last_token_kernel)[(num_reqs,)](
