@@ -8,6 +8,7 @@ from .backend import HAS_TRITON, quiet_without_triton
 
 with quiet_without_triton():
     from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
+    from .markov_block import markov_block_sample
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
     from .prepare_eagle import EagleInputs, prepare_eagle_input
     from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
@@ -48,6 +49,8 @@ __all__ = [
     "rejection_sample",
     "AcceptedPath",
     "tree_verify",
+    # block drafters' Markov head
+    "markov_block_sample",
     # draft-tree structure
     "SelectedTree",
     "tree_ancestors",
