@@ -52,6 +52,13 @@ def window_metadata(starts, lens, table_width):
 VARIANTS = [
     pytest.param(False, None, False, False, id="dflash-llama"),
     pytest.param(True, None, False, False, id="dflash-qwen3"),
+    pytest.param(True, None, True, False, id="dflash-qwen3-confidence"),
+    pytest.param(True, "vanilla", True, True, id="dspark-qwen3-vanilla-confidence-markov"),
+    pytest.param(False, "vanilla", False, False, id="dspark-llama-vanilla"),
+    pytest.param(True, "gated", True, False, id="dspark-qwen3-gated-confidence"),
+    pytest.param(True, "gated", False, False, id="dspark-qwen3-gated"),
+    pytest.param(True, "rnn", True, True, id="dspark-qwen3-rnn-confidence-markov"),
+    pytest.param(False, "rnn", False, False, id="dspark-llama-rnn"),
 ]
 
 

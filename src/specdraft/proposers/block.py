@@ -30,6 +30,7 @@ from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.models.attention import prefix_and_tree_attention
 from specdraft.models.kv_cache import write_kv_cache
+from specdraft.ops import markov_block_sample
 from specdraft.proposers.base import Proposer
 from specdraft.proposers.checks import check_method
 from specdraft.proposers.loop import (
@@ -98,8 +99,6 @@ def sample_markov_block(model, config: SpeculativeConfig, logits, hidden, newest
                         num_drafts: int):  # fmt: skip
     """DSpark: tokens [B, block_size] and the draft probs [B, K, V] (or None) of the
     Markov-corrected logits, sampled in order over the block in one op."""
-    from specdraft.ops import markov_block_sample  # noqa: PLC0415  (lands with the op)
-
     markov = model.markov_head
     temperature, seeds = request_sampling(config, sampling, logits.shape[0], logits.device)
     hidden_part, latent_weight = markov_op_weights(markov, hidden)
