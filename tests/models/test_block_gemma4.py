@@ -4,12 +4,8 @@ sequences: a ragged batch, several blocks each with random acceptance, the conte
 keys and values in the paged cache across blocks, as tests/models/test_block_head.py
 does for the Llama / Qwen3 backbone.
 
-DFlash heads run through BlockProposer.propose (block logits and greedy drafts).
-DSpark heads run the proposer's own context write and block forward
-(proposers.block.write_context / block_forward); their Markov-corrected logits come
-from the head's markov_bias fed the oracle's greedy tokens (teacher forced: each
-row's argmax must be the oracle's token, which is what sequential greedy sampling
-draws), and their confidence logits from confidence_logits."""
+Every head runs through BlockProposer.propose: block logits (DSpark: Markov-corrected,
+by the fused op ops.markov_block_sample), greedy drafts and confidence logits."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ from specdraft.config import SpeculativeConfig
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.block import BlockConfig
 from specdraft.models.heads.block_gemma4 import Gemma4BlockDraftHead, Gemma4Settings
-from specdraft.proposers.block import BlockProposer, block_forward, write_context
-from specdraft.proposers.loop import TargetWindow, sample_rows
+from specdraft.proposers.block import BlockProposer
 from tests.models.block_gemma4_oracle import Gemma4OracleDrafter
 from tests.models.test_block_head import BLOCK, CACHE_BLOCK, VOCAB, window_metadata
 
@@ -60,40 +55,20 @@ VARIANTS = [
 
 
 def serve(proposer, head, positions, hidden, newest, meta, sample_at=None, rejected=None):
-    """DFlash: the proposer's output. DSpark: the block's final hidden [B, S, H] from the
-    proposer's context write and block forward."""
-    if head.markov_head is None:
-        return proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta,
-                                token_indices_to_sample=sample_at, num_rejected_tokens=rejected)  # fmt: skip
-    window = proposer.checked_window(
-        TargetWindow(torch.zeros_like(positions), positions, hidden, newest, meta, sample_at, rejected), None
-    )
-    _, context_lens = sample_rows(window.metadata, window.token_indices_to_sample, window.num_rejected_tokens)
-    with torch.no_grad():
-        write_context(head, proposer.kv_caches, window)
-        return block_forward(head, proposer.kv_caches, newest, context_lens, window.metadata)
+    return proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta,
+                            token_indices_to_sample=sample_at, num_rejected_tokens=rejected)  # fmt: skip
 
 
 def check_block(head, served, b, oracle_hidden, oracle, newest):
-    base, corrected, drafts, conf = oracle.draft(oracle_hidden, newest)
-    if head.markov_head is None:
-        torch.testing.assert_close(served.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
-        assert served.draft_tokens[b].tolist() == drafts.tolist()
-        assert served.confidence_logits is None
-        return
-    hidden = served[b]
-    prev = torch.cat([newest.view(1), drafts[:-1]])
-    with torch.no_grad():
-        logits = head.compute_logits(hidden)
-        torch.testing.assert_close(logits.double(), base, rtol=1e-5, atol=1e-5)
-        ours = logits + head.markov_bias(prev, hidden)
-        torch.testing.assert_close(ours.double(), corrected, rtol=1e-5, atol=1e-5)
-        assert ours.argmax(-1).tolist() == drafts.tolist()
-        got = head.confidence_logits(hidden, prev)
+    """Request b's block: Markov-corrected logits (the proposer's draft_probs with
+    return_probs "logits" and greedy drafts), greedy drafts and confidence logits."""
+    _, corrected, drafts, conf = oracle.draft(oracle_hidden, newest)
+    torch.testing.assert_close(served.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
+    assert served.draft_tokens[b].tolist() == drafts.tolist()
     if conf is None:
-        assert got is None
+        assert served.confidence_logits is None
     else:
-        torch.testing.assert_close(got.double(), conf, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(served.confidence_logits[b].double(), conf, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("gemma,markov,confidence,with_markov,bias", VARIANTS)
