@@ -21,18 +21,21 @@ import specs.markov_block as spec
 from fixtures.lanes import INTERPRETER
 from fixtures.markov_block import TIE_LOGIT, MarkovCase, markov_cases
 
-# The interpreter runs every program in NumPy: small vocabularies there (still several
-# tiles and programs: 4 rows a tile, 8 a program) and half the profile's examples.
-MAX_VOCAB = 64 if INTERPRETER else 300
+# The interpreter runs every program in NumPy: small blocks there (still several tiles
+# and programs: 4 rows a tile, 8 a program) and half the profile's examples.
+MAX_VOCAB, MAX_REQUESTS, MAX_STEPS = (64, 3, 6) if INTERPRETER else (300, 4, 8)
 EXAMPLES = settings().max_examples // 2 if INTERPRETER else settings().max_examples
 
 
 def wide_case(kind: str, rank: int = 40) -> MarkovCase:
-    """A vocabulary over three programs of the bias kernel in this lane, sampled and greedy requests."""
-    _, _, rows_per_program, _ = tiles(rank)
+    """A vocabulary over three programs of the bias kernel in this lane, sampled and
+    greedy requests, tied rows in two tiles of the first program (odd steps walk its
+    tiles back to front) and in the second and last programs."""
+    _, rows_per_tile, rows_per_program, _ = tiles(rank)
     vocab = 2 * rows_per_program + 3
+    tied = (1, rows_per_tile + 1, rows_per_program + 2, vocab - 1)
     return MarkovCase(kind, vocab, rank, 5, 3, [0.0, 0.7], [5, -9], [11, 2**40], [vocab - 1, 3], data_seed=17,
-                      zero_rows=(1, rows_per_program + 2, vocab - 1), tie_logit=TIE_LOGIT)  # fmt: skip
+                      zero_rows=tied, tie_logit=TIE_LOGIT)  # fmt: skip
 
 
 def run_both(case: MarkovCase, device):
@@ -46,7 +49,7 @@ def run_both(case: MarkovCase, device):
 
 @pytest.mark.kernel
 @settings(max_examples=EXAMPLES)
-@given(case=markov_cases(max_vocab=MAX_VOCAB))
+@given(case=markov_cases(max_requests=MAX_REQUESTS, max_vocab=MAX_VOCAB, max_steps=MAX_STEPS))
 @example(case=wide_case("vanilla"))
 @example(case=wide_case("gated"))
 @example(case=wide_case("rnn"))
@@ -61,9 +64,10 @@ def test_matches_the_plain_python_oracle(device, case):
 @pytest.mark.kernel
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
 def test_greedy_takes_the_first_of_tied_maxima_across_programs(device, kind):
-    """Tied rows (W2 row 0, the same leading base logit) in the first, second and last
-    program of the bias kernel: every greedy step picks the first of them, and a
-    sampled step one of them."""
+    """Tied rows (W2 row 0, the same leading base logit) in two tiles of the first
+    program and in the second and last programs of the bias kernel: every greedy step
+    picks the first of them, whichever way it walks the tiles, and a sampled step one
+    of them."""
     case = wide_case(kind)
     tokens, _, want_tokens, _ = run_both(case, device)
     assert tokens.cpu().tolist() == want_tokens

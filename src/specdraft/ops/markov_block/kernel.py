@@ -18,7 +18,9 @@ the grid-wide barrier between steps. One op, 2S + 1 launches (S + 1 for vanilla)
   (ops/sampling/draft.py), with the noise keyed by positions[b] + s. Writes one
   (key, index) partial per program. For vanilla the latent is W1[p]: this kernel
   combines the previous partials and gathers it itself, after the first W2 tile's
-  load is issued, so the combine hides under it;
+  load is issued, so the combine hides under it. Odd steps walk each program's tiles
+  back to front, so the rows the previous step read last (the likeliest still in L2,
+  which W2 outgrows) are read first; ties go to the lower index in either order;
 - `markov_last_token_kernel` (grid B): the last step's token from its partials.
 
 Partials are indexed by step, so no launch reads what it writes. Every index comes
@@ -30,7 +32,7 @@ jit functions it calls, and a module attribute is not carried along.
 """
 
 from ..backend import tl, triton
-from ..common.scan import combine_argmax, lane_argmax_finish, lane_argmax_init, lane_argmax_update
+from ..common.scan import combine_argmax, lane_argmax_finish, lane_argmax_init
 from ..sampling.noise import gumbel_gain, gumbel_keys, row_key
 
 # ------------------------------------------------------------------ shared steps
@@ -109,6 +111,21 @@ def joint_row(
     return value + matvec_rows(weight_ptr, out, out_mask, weight_stride, rank, cols, col_mask, emb, EVEN_R)
 
 
+@triton.jit
+def walk_tile(t, num_tiles, backward):
+    """The tile visited t-th: t, or num_tiles - 1 - t walking backward."""
+    return tl.where(backward, num_tiles - 1 - t, t)
+
+
+@triton.jit
+def lane_argmax_update_any_order(best, best_idx, keys, idx):
+    """Per-lane running (max, index) whatever order the indices come in: a tie goes to
+    the lower index (ops/common/scan.py's update keeps the earlier visit, the lower
+    index only on a forward walk). NaN keys never win."""
+    better = (keys > best) | ((keys == best) & (idx < best_idx))
+    return tl.where(better, keys, best), tl.where(better, idx, best_idx)
+
+
 # --------------------------------------------------------------------- kernels
 
 
@@ -162,9 +179,9 @@ def markov_latent_kernel(
 
 
 @triton.jit
-def load_tile(w2_ptr, base_row, idx, end, rank, cols, col_mask, EVEN_R: tl.constexpr):
-    """W2[idx, :r] (0 past end) and base[idx] (-inf past end) of one tile of rows."""
-    mask = idx < end
+def load_tile(w2_ptr, base_row, idx, start, end, rank, cols, col_mask, EVEN_R: tl.constexpr):
+    """W2[idx, :r] (0 outside [start, end)) and base[idx] (-inf there) of one tile of rows."""
+    mask = (idx >= start) & (idx < end)
     offs = idx[:, None].to(tl.int64) * rank + cols[None, :]
     w = tl.load(w2_ptr + offs, mask=tile_mask(mask, col_mask, EVEN_R), other=0.0)
     return w, tl.load(base_row + idx, mask=mask, other=float("-inf"))
@@ -191,8 +208,13 @@ def markov_bias_kernel(
     col_mask = cols < rank
     base_row = base_ptr + row * base_stride_b + step * base_stride_s
     # Issued before the latent is known (the first tile's loads do not need it).
-    first = start + tl.arange(0, ROWS_PER_TILE)
-    w_next, x_next = load_tile(w2_ptr, base_row, first, end, rank, cols, col_mask, EVEN_R)
+    # Odd steps walk the tiles back to front: the ones the previous step read last, the
+    # likeliest still in L2 (W2 outgrows it at V = 152k), come first.
+    num_tiles = tl.cdiv(end - start, ROWS_PER_TILE)
+    backward = step % 2 == 1
+    lanes = tl.arange(0, ROWS_PER_TILE)
+    w_next, x_next = load_tile(w2_ptr, base_row, start + walk_tile(0, num_tiles, backward) * ROWS_PER_TILE + lanes,
+                               start, end, rank, cols, col_mask, EVEN_R)  # fmt: skip
 
     if GATHER:
         prev = previous_token(first_prev_ptr, part_key_ptr, part_idx_ptr, row, step, vocab, num_steps, num_splits,
@@ -208,15 +230,17 @@ def markov_bias_kernel(
     key = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row).to(tl.int64) + step, SALT_KEY)
     out_row = corrected_ptr + (row * num_steps + step) * vocab
     best, best_idx = lane_argmax_init(start, ROWS_PER_TILE)
-    for off in range(start, end, ROWS_PER_TILE):
-        idx = off + tl.arange(0, ROWS_PER_TILE)
+    for t in range(0, num_tiles):
+        idx = start + walk_tile(t, num_tiles, backward) * ROWS_PER_TILE + lanes
         w, x = w_next, x_next
-        w_next, x_next = load_tile(w2_ptr, base_row, idx + ROWS_PER_TILE, end, rank, cols, col_mask, EVEN_R)
+        # Past the walk's last tile (either end) the next one is outside [start, end): masked.
+        next_idx = start + walk_tile(t + 1, num_tiles, backward) * ROWS_PER_TILE + lanes
+        w_next, x_next = load_tile(w2_ptr, base_row, next_idx, start, end, rank, cols, col_mask, EVEN_R)
         corrected = x.to(tl.float32) + tl.sum(w.to(tl.float32) * latent[None, :], 1)
         tl.store(out_row + idx, corrected, mask=idx < end)
         # draft_sample's keys: the logits for a greedy row (gain 1), Gumbel-max otherwise.
         keys = tl.where(greedy, corrected * gain, gumbel_keys(corrected, idx, gain, key, FAST_LOG2))
-        best, best_idx = lane_argmax_update(best, best_idx, keys, idx)
+        best, best_idx = lane_argmax_update_any_order(best, best_idx, keys, idx)
     best, best_idx = lane_argmax_finish(best, best_idx)
     part = (row * num_steps + step) * num_splits + split
     tl.store(part_key_ptr + part, best)

@@ -26,8 +26,8 @@ if TRITON_INTERPRET:
     TILE_ELEMENTS, PROGRAM_ELEMENTS, SPLIT_BLOCK = None, None, 4
 else:
     TILE_ELEMENTS = 4096  # W2 elements per loop iteration of the bias kernel (32 a thread)
-    # W2 elements per bias program: 128 KB of bf16, 16 rows x 256 at r = 256, so a 152k
-    # vocabulary spreads over 594 programs, enough to stream W2 at B = 1.
+    # W2 elements per bias program: 128 KB of bf16, 256 rows (16 tiles of 16) at r = 256,
+    # so a 152k vocabulary spreads over 594 programs, enough to stream W2 at B = 1.
     PROGRAM_ELEMENTS = 65536
     # Partials combined per iteration: a 152k row at r = 256 has 594, one iteration (every
     # program of the next step combines them, so their latency is on each step's path).
