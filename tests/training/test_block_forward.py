@@ -206,6 +206,13 @@ def test_the_mask_is_deepspecs(lengths, per, size, drop):
     assert not (kept & full).any()
     assert torch.equal(any_visible & ~(kept | full), torch.zeros_like(any_visible))
     assert torch.equal(full & ~all_visible, torch.zeros_like(full))
+    # The backward's per-key-block lists are the transpose of the same blocks.
+    for num, indices, want_blocks in ((block_mask.q_num_blocks, block_mask.q_indices, kept),
+                                      (block_mask.full_q_num_blocks, block_mask.full_q_indices, full)):  # fmt: skip
+        got_blocks = torch.zeros_like(want_blocks.T)
+        for j in range(num.shape[-1]):
+            got_blocks[j, indices[0, 0, j, : num[0, 0, j]].long()] = True
+        assert torch.equal(got_blocks, want_blocks.T)
     if drop == 0:
         assert full.any(), "no full block: the test does not reach the full-block rule"
 
@@ -246,6 +253,87 @@ def test_block_forward_flex_equals_dense():
         dense, flex = (block_forward(*args, tokens="draft", attention=a) for a in ("dense", "flex"))
     torch.testing.assert_close(flex.logits[valid], dense.logits[valid], rtol=1e-5, atol=1e-5)
     assert torch.equal(flex.draft_tokens[valid], dense.draft_tokens[valid])
+
+
+def test_every_flex_call_asks_for_triton_and_captures_stored_buffers():
+    """In the graph Inductor receives for the compiled forward (dynamic shapes):
+    one flex_attention per layer, each asking for the main Triton kernel (never
+    flex_decoding) and capturing only specdraft::materialize outputs (stored
+    buffers, never expressions Inductor would inline into the flex template)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from specdraft.testing import fresh_compile
+    from specdraft.training import block_forward_for_eval
+
+    head = make_block_head(True, "vanilla", True, True, head_dim=16)
+    batch = make_block_batch(head, LENGTHS, seed=8)
+    anchors, valid = start_anchors(batch.cu_seqlens, sum(LENGTHS))
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fn = fresh_compile(lambda *a: block_forward_for_eval(head, *a, attention="flex").logits,
+                       backend=aot_autograd(fw_compiler=record), fullgraph=True, dynamic=True)  # fmt: skip
+    fn(batch.token_ids, batch.hidden_states, batch.positions, batch.cu_seqlens, anchors, valid)
+    nodes = [n for g in graphs for n in g.graph.nodes if n.op == "call_function" and "flex_attention" in str(n.target)]
+    assert len(nodes) == head.config.num_layers
+    for node in nodes:
+        options = next(a for a in node.args if isinstance(a, dict))
+        assert options.get("BACKEND") == "TRITON", options
+        tensors = [b for b in node.args[-1] if isinstance(b.meta.get("val"), torch.Tensor)]
+        assert len(tensors) == 7  # the mask's seven index tensors
+        for buffer in tensors:
+            assert buffer.op == "call_function" and "materialize" in str(buffer.target), buffer
+
+
+@pytest.mark.cuda
+def test_compiled_training_through_flex_on_cuda():
+    """On CUDA with dynamic=True, attention "auto" (the fused flex kernel): the DSpark
+    loss, forward and backward, at three batch shapes, equal to eager dense with its
+    gradients, in one compile; the compiled evaluation equals the eager one."""
+    import copy
+
+    from specdraft.testing import CompileCounts, fresh_compile
+    from specdraft.training import DraftEvaluator
+
+    head = make_block_head(True, "rnn", True, True, head_dim=16).cuda()
+    eager_head = copy.deepcopy(head)
+
+    def loss_fn(h, batch, anchors, keep, attention):
+        out = block_forward(h, batch.token_ids, batch.hidden_states, batch.positions, batch.cu_seqlens, anchors, keep,
+                            attention=attention)  # fmt: skip
+        labels = block_labels(batch.token_ids, batch.cu_seqlens, anchors, keep, block_size=h.block_size,
+                              loss_mask=batch.loss_mask)  # fmt: skip
+        return block_loss(out.logits, labels, target_logits=aligned_target_logits(batch.target_logits, labels),
+                          confidence=out.confidence, weights=DSPARK_LOSS).loss  # fmt: skip
+
+    compiled = fresh_compile(loss_fn, fullgraph=True, dynamic=True)
+    with CompileCounts.measure() as counts:
+        for seed, lengths in enumerate([[300], [37, 190], [40, 5, 60, 33, 71, 12, 90, 130]]):
+            batch = make_block_batch(head, lengths, seed=seed, loss_mask=True).to("cuda")
+            anchors, keep = sample_anchors(batch.cu_seqlens, sum(lengths), 64, batch.loss_mask)
+            want = loss_fn(eager_head, batch, anchors, keep, "dense")
+            want.backward()
+            got = compiled(head, batch, anchors, keep, "auto")
+            got.backward()
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            for (name, p), q in zip(head.named_parameters(), eager_head.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=f"{lengths} {name}")
+            head.zero_grad(set_to_none=True)
+            eager_head.zero_grad(set_to_none=True)
+    assert counts.graph_breaks == 0 and counts.compiles == 1
+    evaluator = DraftEvaluator(head, num_steps=head.block_size, temperature=0.7)
+    eager = DraftEvaluator(head, num_steps=head.block_size, temperature=0.7, compile=False)
+    for seed, lengths in enumerate([[300], [37, 190]]):
+        batch = make_block_batch(head, lengths, seed=seed, loss_mask=True).to("cuda")
+        got, want = evaluator(batch), eager(batch)
+        for name, a, b in zip(got._fields, got, want, strict=True):
+            if name in ("count", "starts"):
+                assert torch.equal(a, b), name
+            else:  # flex and dense may split a near-tie differently: a draft or two
+                torch.testing.assert_close(a, b, rtol=2e-2, atol=2.0, msg=name)
 
 
 # ---------------------------------------------------------- anchors, labels, losses
