@@ -150,7 +150,8 @@ def sample_anchors(
     sample_anchor_positions over a packed batch. num_anchors distinct candidates
     (`anchor_candidates`) drawn uniformly (torch.rand with `generator`), sorted; when
     there are fewer candidates, all of them, then padding anchors (row 0, keep
-    False). Static shapes, no host sync."""
+    False). Static shapes, no host sync; under torch.compile pass no generator
+    (Dynamo cannot take one: torch's global RNG, seeded by torch.manual_seed)."""
     check_int_range("num_anchors", num_anchors, 1)
     candidates = anchor_candidates(cu_seqlens, num_tokens, loss_mask)
     device = candidates.device
