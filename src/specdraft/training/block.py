@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, check_choice, check_int_range, check_tensor_arg
+from specdraft.models.heads import BlockDraftHead
 from specdraft.training.attention import BACKENDS
 from specdraft.training.block_attention import block_attention
 from specdraft.training.unroll import TOKEN_MODES, PackedLayout
@@ -229,8 +230,6 @@ def block_forward(
 
 
 def check_block_head(head: object) -> None:
-    from specdraft.models.heads.block import BlockDraftHead
-
     if not isinstance(head, BlockDraftHead):
         raise ValueError(f"head must be a BlockDraftHead (DFlash / DSpark), got {type(head).__name__}")
     if head.missing_weights:
