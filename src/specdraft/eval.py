@@ -7,7 +7,11 @@ acceptance per step.
     python -m specdraft.eval demo data/ --steps 3 --plot acceptance.png
 
 HEAD is a draft-head folder (load_draft_model: EAGLE-1, EAGLE-3, MTP, multi-layer
-MTP) or "demo" (the shipped EAGLE-3 head). A head saved without its embedding (or
+MTP; or a block drafter, DFlash / DSpark, saved by
+specdraft.models.save_block_drafter: DeepSpec's layout) or "demo" (the shipped EAGLE-3
+head). A block drafter is scored on the block anchored after every start (its first
+--steps drafts, all block_size by default), and the report adds the acceptance
+length as DeepSpec's evaluator counts it (accepted drafts + 1 per block). A head saved without its embedding (or
 lm_head) takes the target's: pass --target (a folder, or "demo" for the shipped
 target; for HEAD "demo" the shipped target is the default). The step is compiled
 (fullgraph, dynamic shapes: one graph for every shard), unless --eager. Exit status
@@ -46,9 +50,11 @@ from specdraft.__main__ import (
 
 def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("head", help='draft-head folder, or "demo" for the shipped EAGLE-3 head')
+    parser.add_argument("head", help='draft-head folder (EAGLE, MTP, or a DFlash / DSpark block drafter), or '
+                        '"demo" for the shipped EAGLE-3 head')  # fmt: skip
     parser.add_argument("data", type=Path, help="a folder of shards, or one .safetensors shard")
-    parser.add_argument("--steps", type=int, default=3, help="draft steps K per start (default 3)")
+    parser.add_argument("--steps", type=int, help="draft steps K per start (default 3; a block drafter: its "
+                        "block_size)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="for Σ min(p, q), >= 0 (default 0: greedy)")
     parser.add_argument("--tokens", choices=("draft", "data"), default="draft",
                         help="feed the head's own drafts (as served; default) or the data (teacher forcing)")  # fmt: skip
@@ -75,7 +81,7 @@ def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentPar
 def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Namespace:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.max_batch_tokens < 0:
+    if (args.steps is not None and args.steps < 1) or args.max_batch_tokens < 0:
         parser.error("--steps must be >= 1 and --max-batch-tokens >= 0")
     check_threads(parser, args)
     if not args.temperature >= 0:  # NaN too
@@ -88,12 +94,18 @@ def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Na
 def load_head(args, device):
     """The head, with the target's embedding / lm_head shared where it has none."""
     from specdraft.models import load_draft_model
+    from specdraft.models.block_loading import is_block_folder, load_block_drafter
     from specdraft.models.target_loading import load_target_model
 
     demo = args.head == "demo"
     folder = model_folder("HEAD", args.head, "eagle3")
     method = "eagle3" if demo else args.method
-    head = load_model_folder("HEAD", folder, lambda: load_draft_model(folder, method=method, device=device)).eval()
+    if not demo and load_model_folder("HEAD", folder, lambda: is_block_folder(folder)):
+        if method is not None:
+            raise ValueError(f"--method {method}: HEAD {folder} is a block drafter (DFlash / DSpark); drop --method")
+        head = load_model_folder("HEAD", folder, lambda: load_block_drafter(folder, device=device)).eval()
+    else:
+        head = load_model_folder("HEAD", folder, lambda: load_draft_model(folder, method=method, device=device)).eval()
     target = "demo" if demo and args.target is None else args.target
     if head.missing_weights:
         if target is None:
@@ -111,7 +123,10 @@ def check_shards(paths: list[Path], head) -> None:
     """The shards' recorded aux layers against the head's config, where both say."""
     from specdraft.training.shards import shard_metadata
 
-    want = (head.config.extra.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if head.draft_loop == "block":
+        want = head.block.aux_layers
+    else:
+        want = (head.config.extra.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if want is None:
         return
     for path in paths:
@@ -173,6 +188,23 @@ def check_steps(steps: int, paths: list[Path]) -> None:
                          "tokens; draft step k needs k + 1 of one sequence)")  # fmt: skip
 
 
+def head_steps(steps: int | None, head) -> int:
+    """--steps, or its default for the head: 3, a block drafter's block_size; a
+    block drafter's never above it."""
+    size = head.block_size if head.draft_loop == "block" else None
+    if steps is None:
+        return 3 if size is None else size
+    if size is not None and steps > size:
+        raise ValueError(f"--steps {steps}: a block drafter drafts at most its block_size = {size} tokens")
+    return steps
+
+
+def deepspec_line(metrics) -> str:
+    """A block drafter's acceptance length as DeepSpec's evaluator counts it."""
+    return (f"acceptance length as DeepSpec counts it (accepted drafts + 1, per block): "
+            f"{float(metrics.acceptance_length) + 1:.4f}")  # fmt: skip
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     if args.plot is not None:
         from specdraft.training.report import pyplot
@@ -205,11 +237,15 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
             check_outputs(args)
         paths = shard_paths(args.data)
         check_safetensors("DATA", paths)
-        check_steps(args.steps, paths)
+        if args.steps is not None:  # before the head loads: a bad --steps answers at once
+            check_steps(args.steps, paths)
         mine = [paths[i] for i in share_shards([shard_tokens(p) for p in paths], ranks.world_size)[ranks.rank]]
         head = load_head(args, device)
+        steps = head_steps(args.steps, head)
+        if args.steps is None:
+            check_steps(steps, paths)
         check_shards(paths, head)
-        evaluator = DraftEvaluator(head, num_steps=args.steps, temperature=args.temperature, tokens=args.tokens,
+        evaluator = DraftEvaluator(head, num_steps=steps, temperature=args.temperature, tokens=args.tokens,
                                    divergence=args.divergence, compile=not args.eager)  # fmt: skip
     progress = ranks.is_main and not args.no_progress
     if not args.eager and progress:
@@ -218,23 +254,27 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
         if mine:
             sums, timing = evaluate(evaluator, mine, max_batch_tokens=args.max_batch_tokens or None, progress=progress)
         else:  # more ranks than shards
-            sums = zero_sums(args.steps, args.divergence, device)
+            sums = zero_sums(steps, args.divergence, device)
             timing = dict.fromkeys(("tokens", "seconds", "first_batch_s", "after_first_tokens", "after_first_s"), 0)
     sums, timing = reduce(sums), all_reduce_timing(timing, device)
     if not ranks.is_main:
         return 0
     metrics = finalize(sums)
     on = f", {ranks.world_size} ranks" if ranks.distributed else ""
-    print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {args.steps}, "
+    print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {steps}, "
           f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}{on}")  # fmt: skip
     print(format_table(metrics, sums, args.temperature))
+    if evaluator.loop == "block":
+        print(deepspec_line(metrics))
     print(f"{timing['tokens_per_s']:.0f} tokens/s over {timing['seconds']:.1f} s "
           f"(the first shard, compile included: {timing['first_batch_s']:.1f} s{after_first(timing)})")  # fmt: skip
     if args.plot is not None:
-        print(f"wrote {plot_acceptance(metrics, args.plot, f'{args.head}, K = {args.steps}', args.temperature)}")
+        print(f"wrote {plot_acceptance(metrics, args.plot, f'{args.head}, K = {steps}', args.temperature)}")
     if args.json is not None:
         record = {name: value.tolist() for name, value in metrics._asdict().items()}
         record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing}
+        if evaluator.loop == "block":
+            record["deepspec_acceptance_length"] = float(metrics.acceptance_length) + 1
         args.json.write_text(json.dumps(record, indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -163,6 +163,17 @@ def is_block_config(hf: object) -> bool:
     )
 
 
+def is_block_folder(folder: str | Path) -> bool:
+    """Whether folder/config.json names a block drafter (`is_block_config`)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return is_block_config(json.loads(path.read_text()))
+    except ValueError:
+        return False
+
+
 def block_settings_from_hf(
     hf: dict[str, Any], dtype: torch.dtype | None = None, num_target_layers: int | None = None
 ) -> BlockSettings:

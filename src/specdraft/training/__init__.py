@@ -1,6 +1,23 @@
-"""Training-time draft evaluation: the K-step unroll of the serving heads and the
-acceptance metrics, both compiled with fullgraph and free of host syncs."""
+"""Training-time draft evaluation: the K-step unroll of the serving heads, the block
+drafters' training forward and losses, and the acceptance metrics, all compiled with
+fullgraph and free of host syncs."""
 
+from specdraft.training.block import (
+    DFLASH_LOSS,
+    DSPARK_LOSS,
+    BlockLabels,
+    BlockLoss,
+    BlockLossWeights,
+    BlockOutput,
+    aligned_target_logits,
+    anchor_candidates,
+    block_forward,
+    block_forward_for_eval,
+    block_labels,
+    block_loss,
+    sample_anchors,
+    start_anchors,
+)
 from specdraft.training.capture import capture_target_outputs
 from specdraft.training.evaluate import DraftEvaluator, evaluate
 from specdraft.training.metrics import (
@@ -28,6 +45,21 @@ __all__ = [
     "UnrollOutput",
     "unroll",
     "unroll_for_eval",
+    # block drafters (DFlash, DSpark): the training forward, labels, losses
+    "BlockOutput",
+    "BlockLabels",
+    "BlockLoss",
+    "BlockLossWeights",
+    "DFLASH_LOSS",
+    "DSPARK_LOSS",
+    "start_anchors",
+    "anchor_candidates",
+    "sample_anchors",
+    "block_forward",
+    "block_forward_for_eval",
+    "block_labels",
+    "aligned_target_logits",
+    "block_loss",
     # the metrics
     "DraftMetricSums",
     "DraftMetrics",

@@ -9,6 +9,15 @@ The step (`DraftEvaluator.__call__`) is `unroll_for_eval` followed by `draft_met
 under torch.compile(fullgraph=True, dynamic=True): no host sync, one graph for
 every batch length and sequence count, and no autograd state whatever the caller's
 grad mode, so a training loop can call it between optimizer steps.
+
+A block drafter (DFlash, DSpark: loop "block") is evaluated the same way with its
+blocks in place of the unroll's chains: for every chain start t the block anchored
+at row t + 1 (`specdraft.training.block.start_anchors`), whose row k drafts what
+chain step k drafts, all in one `block_forward_for_eval`. Then accepted_prefix
+summed over k is, per full start, the accepted prefix of the block's first K drafts
+under greedy verification along the data; DeepSpec's evaluator counts that plus one
+(the target's own token) per verification, `finalize(sums).acceptance_length + 1`,
+and its accept_rate@k is `accepted_prefix_rate[k]`.
 """
 
 from __future__ import annotations
@@ -21,20 +30,25 @@ import torch
 from tqdm.auto import tqdm
 
 from specdraft.checks import check_int_range
+from specdraft.training.block import block_forward_for_eval, start_anchors
 from specdraft.training.metrics import DraftMetricSums, combine, draft_metrics, finalize
 from specdraft.training.shards import TargetBatch, load_batch, split_batch
 from specdraft.training.unroll import LOOPS, TOKEN_MODES, unroll_for_eval
+
+EVAL_LOOPS = (*LOOPS, "block")
 
 
 class DraftEvaluator:
     """One evaluation step for `head` (module docstring).
 
-    num_steps: K draft steps per start. temperature: a number (<= 0 greedy); the
-    expected acceptance Σ min(p, q) is taken at it. tokens: "draft" (the head's own
-    greedy drafts, as served) or "data" (teacher forcing). loop: "auto" picks the
-    head's proposer loop (its `draft_loop`: "multi_layer" for MTP heads with several
-    layers, MultiLayerEagleProposer; "eagle" otherwise). compile: True, False, or a dict of
-    torch.compile options (default fullgraph=True, dynamic=True).
+    num_steps: K draft steps per start (a block drafter: its first K <= block_size
+    drafts). temperature: a number (<= 0 greedy); the expected acceptance Σ min(p, q)
+    is taken at it. tokens: "draft" (the head's own greedy drafts, as served) or
+    "data" (teacher forcing). loop: "auto" picks the head's proposer loop (its
+    `draft_loop`: "multi_layer" for MTP heads with several layers,
+    MultiLayerEagleProposer; "block" for block drafters, BlockProposer; "eagle"
+    otherwise). compile: True, False, or a dict of torch.compile options (default
+    fullgraph=True, dynamic=True).
     """
 
     def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, tokens: str = "draft",
@@ -42,8 +56,8 @@ class DraftEvaluator:
         check_int_range("num_steps", num_steps, 1)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
             raise ValueError(f"temperature must be a number (<= 0: greedy), got {temperature!r}")
-        if loop not in ("auto", *LOOPS):
-            raise ValueError(f"loop must be one of {('auto', *LOOPS)}, got {loop!r}")
+        if loop not in ("auto", *EVAL_LOOPS):
+            raise ValueError(f"loop must be one of {('auto', *EVAL_LOOPS)}, got {loop!r}")
         if tokens not in TOKEN_MODES:
             raise ValueError(f"tokens must be one of {TOKEN_MODES}, got {tokens!r}")
         if not isinstance(compile, (bool, dict)):
@@ -53,6 +67,7 @@ class DraftEvaluator:
         self.temperature = float(temperature)
         self.tokens = tokens
         self.loop = head.draft_loop if loop == "auto" else loop
+        check_block_loop(head, self.loop, num_steps)
         self.divergence = divergence
         self.step = self.metrics_of
         if compile is not False:
@@ -60,14 +75,23 @@ class DraftEvaluator:
             self.step = torch.compile(self.metrics_of, **options)
 
     def metrics_of(self, batch: TargetBatch) -> DraftMetricSums:
-        """Unroll then metrics for one batch (what gets compiled)."""
-        out = unroll_for_eval(
-            self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
-        )
+        """Unroll (or blocks) then metrics for one batch (what gets compiled)."""
+        if self.loop == "block":
+            logits = self.block_logits(batch)
+        else:
+            logits = unroll_for_eval(
+                self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
+            ).logits
         return draft_metrics(
-            out.logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=self.head.vocab_map,
+            logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=self.head.vocab_map,
             cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
         )  # fmt: skip
+
+    def block_logits(self, batch: TargetBatch) -> torch.Tensor:
+        """[K, T, V]: row k of the block anchored at t + 1, for every start t."""
+        anchors, valid = start_anchors(batch.cu_seqlens, batch.num_tokens)
+        out = block_forward_for_eval(self.head, *batch.unroll_args(), anchors, valid, tokens=self.tokens)
+        return out.logits[:, : self.num_steps].transpose(0, 1).contiguous()
 
     @torch.no_grad()
     def __call__(self, batch: TargetBatch) -> DraftMetricSums:
@@ -77,6 +101,19 @@ class DraftEvaluator:
         # compile a second graph).
         cu_seqlens = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:]])
         return self.step(batch._replace(cu_seqlens=cu_seqlens))
+
+
+def check_block_loop(head: torch.nn.Module, loop: str, num_steps: int) -> None:
+    """A block drafter evaluates in loop "block" with num_steps <= its block_size,
+    and only a block drafter does."""
+    is_block = getattr(head, "draft_loop", None) == "block"
+    if loop == "block" and not is_block:
+        raise ValueError(f"loop 'block' needs a block drafter (BlockDraftHead), got {type(head).__name__}")
+    if is_block:
+        head.check_loop(loop)
+        if num_steps > head.block_size:
+            raise ValueError(f"num_steps = {num_steps} exceeds the head's block_size {head.block_size}: a block "
+                             "drafts at most block_size tokens")  # fmt: skip
 
 
 def head_device(head: torch.nn.Module) -> torch.device:

@@ -134,19 +134,29 @@ class MarkovHead(nn.Module):
     def latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """[..., S, r]: what markov_w2 reads at each block row, given each row's true
         previous token (prev_tokens [..., S]) and hidden [..., S, H]."""
+        if self.kind != "rnn":  # memoryless: every row at once
+            return self.latent_step(prev_tokens, hidden, None)[0]
+        state, outs = None, []
+        for s in range(prev_tokens.shape[-1]):
+            latent, state = self.latent_step(prev_tokens[..., s], hidden[..., s, :], state)
+            outs.append(latent)
+        return torch.stack(outs, dim=-2)
+
+    def latent_step(self, prev_tokens: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None):
+        """(latent [..., r], state after it) of block rows given each row's previous
+        token [...], its hidden [..., H] and, for `rnn`, the state before it (None at
+        the block's start: zeros). The state is None for the memoryless kinds. A
+        drafting loop calls it row by row with the tokens it drafted (the training
+        evaluation's greedy chain)."""
         e = self.prev_embeddings(prev_tokens).to(hidden.dtype)
         if self.kind == "vanilla":
-            return e
+            return e, None
         if self.kind == "gated":
-            return torch.sigmoid(self.gate_proj(torch.cat([hidden, e], dim=-1))) * e
-        state = e.new_zeros(e.shape[:-2] + (self.rank,))
-        outs = []
-        for s in range(e.shape[-2]):
-            gate, cand, out = self.joint_proj(torch.cat([state, e[..., s, :], hidden[..., s, :]], dim=-1)).chunk(3, -1)
-            gate = torch.sigmoid(gate)
-            state = gate * state + (1 - gate) * torch.tanh(cand)
-            outs.append(torch.tanh(out))
-        return torch.stack(outs, dim=-2)
+            return torch.sigmoid(self.gate_proj(torch.cat([hidden, e], dim=-1))) * e, None
+        state = e.new_zeros(e.shape[:-1] + (self.rank,)) if state is None else state
+        gate, cand, out = self.joint_proj(torch.cat([state, e, hidden], dim=-1)).chunk(3, -1)
+        gate = torch.sigmoid(gate)
+        return torch.tanh(out), gate * state + (1 - gate) * torch.tanh(cand)
 
     def bias(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """[..., S, V]: the logit bias of every block row (teacher forced)."""
