@@ -13,6 +13,12 @@
 #                                          # chain 7 and tree (7, 4, 32), DFlash 7, DSpark 7, default B = 1 8
 #   bash scripts/gpu_block.sh pair-cpu [greedy|t07] [B ...]   # the same with --device cpu (the README
 #                                          # table's CPU rows), Inductor with the demo's options
+#   bash scripts/gpu_block.sh train [dflash|dspark]   # scripts/train_block_drafters.py: the demo's DFlash and
+#                                          # DSpark heads (default both) on the shipped target, with the EAGLE-3
+#                                          # head's data and budget (training.json: --budget-s 105 per head), into
+#                                          # $OUT/demo_heads/{dflash,dspark,training.json}: copy them into
+#                                          # src/specdraft/assets/demo_pair/ (one drafter per call: copy between the
+#                                          # calls, so the second run's training.json keeps the first's entry)
 # The trained demo heads are read from src/specdraft/assets/demo_pair/{dflash,dspark} (or set
 # BLOCK_HEADS="--dflash DIR --dspark DIR"); without them the pair bench runs random stand-ins and
 # records nothing for them. DSpark needs specdraft.ops.markov_block_sample.
@@ -61,8 +67,15 @@ pair)
 pair-cpu)
     pair cpu "$@"
     ;;
+train)
+    drafters=${1:-dflash,dspark}
+    log="$OUT/train_block_drafters_${drafters//,/_}.log"
+    timeout 580 python3 scripts/train_block_drafters.py --out "$OUT/demo_heads" --drafters "$drafters" > "$log" 2>&1
+    echo "train_block_drafters --drafters $drafters: exit $?"
+    grep "^\[\|^greedy\|^stdlib\|^saved" "$log" | tail -40; tail -3 "$log"
+    ;;
 *)
-    echo "usage: bash scripts/gpu_block.sh tests|bench8b [ARGS]|bench8b-profile|pair [greedy|t07] [B ...]|pair-cpu ..." >&2
+    echo "usage: bash scripts/gpu_block.sh tests|bench8b [ARGS]|bench8b-profile|pair [greedy|t07] [B ...]|pair-cpu ...|train [dflash|dspark]" >&2
     exit 2
     ;;
 esac

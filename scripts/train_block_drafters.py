@@ -49,10 +49,16 @@ drafter keeps the other's entry.
     bash scripts/gpu_block.sh train                                 # the same on the device, OUT/demo_heads
     python scripts/train_block_drafters.py --quick --out /tmp/blk   # CPU smoke run
 
-The GPU run's settings are all defaults (training.json's head phase: --budget-s 105 per
-head, --head-steps 3000, --batch 32, --seq-len 1024); the committed CPU stand-ins came
-from --device cpu --batch 8 --seq-len 256 --prompt-len 64 --num-anchors 128 --pool 64 --eval-windows 32
---budget-s 240 (training.json's block_drafters.command says which ran).
+The GPU run's settings are all defaults (training.json's head phase: --budget-s 105
+per head, --head-steps 3000, --batch 32, --seq-len 1024; 512 anchors per sequence).
+Should the compiled flex path fail on a GPU, --no-compile --seqs-per-forward 1 trains
+the same loss eagerly with dense attention, one sequence per forward (slower: fewer
+steps fit the budget). The committed CPU stand-ins came from
+
+    python scripts/train_block_drafters.py --device cpu --batch 8 --seq-len 256 \
+        --prompt-len 64 --num-anchors 128 --pool 64 --eval-windows 32 --budget-s 240
+
+(training.json's block_drafters.heads.<name>.run says which command made each head).
 """
 
 from __future__ import annotations
@@ -107,6 +113,22 @@ LOSSES = {"dflash": DFLASH_LOSS, "dspark": DSPARK_LOSS}
 SHARED_SETTINGS = ("seed", "seq_len", "batch", "head_steps", "greedy_every", "pool", "prompt_len", "lr", "warmup",
                    "budget_s", "eval_windows", "log_every")  # fmt: skip
 LOG_PARTS = ("loss", "ce", "l1", "confidence", "tau")
+WHY = {
+    "draft_layers": "a block drafter drafts block_size tokens in one forward with no draft fed back, so it gets in "
+    "depth what a chain gets from its steps (DeepSpec: 5 draft layers for a 36-layer target, EAGLE-3 1); 2 "
+    "sequential layers per block cost less than a K = 3 chain's 3 head steps",
+    "target_layer_ids": "DeepSpec's spread over the target's depth, the last layer excluded: all of 0-2 for 4 layers "
+    "(aux layers 1-3)",
+    "markov_rank": "64: a quarter of the 256-byte vocabulary (DeepSpec's 256 of Qwen3's 151,936 would be a "
+    "full-rank bigram table here)",
+    "mask_token_id": "0, NUL: never in Python source; its embedding is the frozen target's",
+    "num_anchors": "per sequence; DeepSpec's 512 (of 4,096-token samples), here half a 1,024-byte window",
+}
+EVAL_NOTE = (
+    "DraftEvaluator, greedy, the heads' own drafts, eager dense attention; acceptance length = 1 + accepted drafts per "
+    "verification (tokens per target pass), at K = 3 and K = block_size over the starts whose block_size drafts are "
+    "all scored; eagle3 = the shipped EAGLE-3 head's chain (recomputed by each run)"
+)
 
 # ------------------------------------------------------------------------ data
 
@@ -195,7 +217,7 @@ class BlockTrainer:
         if args.batch % self.per:
             raise SystemExit(f"--seqs-per-forward {self.per} must divide --batch {args.batch}")
         self.loss = group_loss
-        if device.type == "cuda":
+        if device.type == "cuda" and not args.no_compile:
             self.loss = torch.compile(group_loss, fullgraph=True, dynamic=False)
 
     @torch.no_grad()
@@ -243,7 +265,8 @@ def train_head(kind, target, train_data, pool, args, device, gen) -> tuple[Block
     head.to(device).train()
     trainer = BlockTrainer(head, target, LOSSES[kind], args, device)
     compile_s = warm_up(trainer, train_data, args, args.seed + 1)
-    print(f"[{kind}] warm-up step{' (compile)' if device.type == 'cuda' else ''}: {compile_s:.1f}s", flush=True)
+    compiled = " (compile)" if trainer.loss is not group_loss else ""
+    print(f"[{kind}] warm-up step{compiled}: {compile_s:.1f}s", flush=True)
 
     def loss_fn(step):
         if args.greedy_every and step % args.greedy_every == args.greedy_every - 1:
@@ -330,6 +353,8 @@ def parse_args(argv=None):
                    "seq_len, whatever --seq-len trains on)")  # fmt: skip
     p.add_argument("--eval-prompt-len", type=int, default=None, help="prompt of the greedy continuations evaluated "
                    "(default: training.json's prompt_len)")  # fmt: skip
+    p.add_argument("--no-compile", action="store_true", help="CUDA: the loss eagerly, dense attention (with "
+                   "--seqs-per-forward 1: the dense scores of one sequence at a time)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny CPU smoke run")
     args = p.parse_args(argv)
     args.drafters = [d for d in args.drafters.split(",") if d]
@@ -395,48 +420,33 @@ def main(argv=None):
         if not torch.equal(value, before[name]):
             raise SystemExit(f"the target's {name} changed during training")
 
-    entry = record.get("block_drafters", {})
-    entry |= {
+    run = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "drafters"},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "data": {"train_files": len(train_files), "held_out_files": len(held_files), "missing_files": missing},
         "greedy_pool_seconds": gen_seconds,
-        "why": {
-            "draft_layers": "a block drafter drafts block_size tokens in one forward with no draft fed back, so it "
-            "gets in depth what a chain gets from its steps (DeepSpec: 5 draft layers for a 36-layer target, "
-            "EAGLE-3 1); 2 sequential layers per block cost less than a K = 3 chain's 3 head steps",
-            "target_layer_ids": "DeepSpec's spread over the target's depth, the last layer excluded: all of 0-2 "
-            "for 4 layers (aux layers 1-3)",
-            "markov_rank": "64: a quarter of the 256-byte vocabulary (DeepSpec's 256 of Qwen3's 151,936 would be "
-            "a full-rank bigram table here)",
-            "mask_token_id": "0, NUL: never in Python source; its embedding is the frozen target's",
-            "num_anchors": "per sequence; DeepSpec's 512 (of 4,096-token samples), here half a 1,024-byte window",
-        },
-        "eval": "DraftEvaluator, greedy, the heads' own drafts, eager dense attention; acceptance length = 1 + "
-        "accepted drafts per verification (tokens per target pass), at K = 3 and K = block_size over the starts "
-        "whose block_size drafts are all scored; eagle3 = the shipped EAGLE-3 head's chain",
+        "total_seconds": time.perf_counter() - t0,
     }
-    entry.setdefault("heads", {})
-    for kind in args.drafters:
-        entry["heads"][kind] = {
+    entry = record.get("block_drafters", {}) | {"why": WHY, "eval": EVAL_NOTE}
+    for kind in args.drafters:  # a run of one drafter keeps the other's entry (its own run's record)
+        entry.setdefault("heads", {})[kind] = {
+            "run": run,
             "loss": LOSSES[kind]._asdict(),
             "config": json.loads(json.dumps(dataclasses.asdict(heads[kind].block))),
             "training": runs[kind],
         }
-    entry.setdefault("metrics", {})
     for key, per_head in metrics.items():
-        entry["metrics"].setdefault(key, {}).update(per_head)
-    entry["total_seconds"] = time.perf_counter() - t0
+        entry.setdefault("metrics", {}).setdefault(key, {}).update(per_head)
     record["block_drafters"] = entry
     args.out.mkdir(parents=True, exist_ok=True)
     for kind, head in heads.items():
         save_block_drafter(head.cpu(), args.out / kind, shared=("embed_tokens", "lm_head"))
     (args.out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(metrics, indent=1), flush=True)
-    print(f"saved {', '.join(heads)} to {args.out} in {entry['total_seconds']:.0f}s", flush=True)
+    print(f"saved {', '.join(heads)} to {args.out} in {run['total_seconds']:.0f}s", flush=True)
 
 
 if __name__ == "__main__":
