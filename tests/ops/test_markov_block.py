@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import specdraft
 from specdraft.ops import markov_block_sample
 from specdraft.ops.markov_block import check_markov_block_sample_values, markov_block_sample_reference
-from specdraft.ops.markov_block.op import tiles
+from specdraft.ops.markov_block.kernel import markov_tiles
 
 import specs.markov_block as spec
 from fixtures.lanes import INTERPRETER
@@ -31,7 +31,8 @@ def wide_case(kind: str, rank: int = 40) -> MarkovCase:
     """A vocabulary over three programs of the bias kernel in this lane, sampled and
     greedy requests, tied rows in two tiles of the first program (odd steps walk its
     tiles back to front) and in the second and last programs."""
-    _, rows_per_tile, rows_per_program, _ = tiles(rank)
+    sizes = markov_tiles(rank, 0)  # no shape of the table: the lane's default sizes
+    rows_per_tile, rows_per_program = sizes.rows_per_tile, sizes.rows_per_program
     vocab = 2 * rows_per_program + 3
     tied = (1, rows_per_tile + 1, rows_per_program + 2, vocab - 1)
     return MarkovCase(kind, vocab, rank, 5, 3, [0.0, 0.7], [5, -9], [11, 2**40], [vocab - 1, 3], data_seed=17,
