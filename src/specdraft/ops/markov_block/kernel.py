@@ -90,10 +90,14 @@ class MarkovTiles:
     latent_warps: int = 4
 
 
-# At V = 152k, r = 256 (Qwen3-8B's DSpark head): a W2 tile of 64 rows is 32 KB of bf16,
-# 2 in flight per program; 297 programs of 512 rows (8 tiles), 2 to 3 resident per SM
-# of an H100 / H200 (132 SMs) by shared memory, so a step is one wave of programs.
-TILES_BY_SHAPE: dict[tuple[int, int], MarkovTiles] = {(256, 151936): MarkovTiles()}
+# At V = 152k, r = 256 (Qwen3-8B's DSpark head), as compiled for sm_90: a W2 tile of 64
+# rows is 32 KB of bf16; a program holds 3 of them in shared memory (2 in flight) plus
+# the latent's pieces (12 KB) at B = 8 (warpgroup MMA): 2 programs an SM; 2 tiles (1 in
+# flight) at B = 1: 3 an SM. 768 rows a program (12 tiles) make 198 programs, one wave
+# on the 132 SMs of an H100 / H200 either way (512 rows would make 297: a second, thin
+# wave at B = 8), with 6 MB (B = 1) to 13 MB (B = 8) of W2 in flight, above the ~4 MB
+# that 4.3 TB/s needs at ~1 us of latency.
+TILES_BY_SHAPE: dict[tuple[int, int], MarkovTiles] = {(256, 151936): MarkovTiles(rows_per_program=768)}
 DEFAULT_TILES = MarkovTiles()
 # The interpreter emulates every lane in NumPy: small tiles keep it fast and make small
 # test vocabularies span several tiles, programs and blocks of K, and small batches
