@@ -30,13 +30,20 @@ The bias product: with bf16 W2 (`TENSOR_CORES`) on tensor cores. A bf16 x bf16
 product is exact in fp32, and an fp32 latent is exactly the sum of three bf16 pieces
 (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): x has 24 significant
 bits, each rounding to nearest takes 8 of them and leaves at most 16, then 8, then
-none), so W2 @ latent is the fp32 sum of exact products, in three products (one
-where the latent is W1's own bf16 row: vanilla with bf16 weights), accumulated in
-fp32. Other weight dtypes: the same product in fp32 FMAs (input_precision "ieee").
-Either way the sums run in fp32, in the product's order, which is not the torch
-reference's: results agree with it to fp32 rounding, as any two fp32 matrix
-products do. The interpreter's tl.dot reads bf16 operands as integers, so there
-(`EMULATE_BF16`) the pieces are multiplied in fp32, exactly as well.
+none; for |x| from 2**-100, where lo stays above bf16's subnormals, up to 2**127), so
+W2 @ latent is the fp32 sum of exact products, in three products (one where the
+latent is W1's own bf16 row: vanilla with bf16 weights), accumulated in fp32. Other
+weight dtypes: the same product in fp32 FMAs (input_precision "ieee"). Either way the
+sums run in fp32, in the product's order, which is not the torch reference's: results
+agree with it to fp32 rounding, as any two fp32 matrix products do. The interpreter's tl.dot reads bf16 operands as
+integers, so there (`EMULATE_BF16`) the pieces are multiplied in fp32, exactly too.
+
+Streaming W2: its tiles reach shared memory through Triton's software pipeline
+(num_stages - 1 in flight while one is multiplied); the latent's operand, when the
+whole rank is one block of K, is built once per program, before the loop. Before a
+program knows its latent (for vanilla, after combining the previous partials) it asks
+L2 for its first tiles (`prefetch_first_tiles`), so the step's first loads do not wait
+behind that. A group of greedy requests draws no noise.
 
 Partials are indexed by step, so no launch reads what it writes. Every index comes
 from a clamped first token or from an argmax over [0, V), and every load and store
