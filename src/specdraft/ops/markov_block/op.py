@@ -41,7 +41,7 @@ def _launch(base_logits, first_prev_tokens, markov_w1, markov_w2, temperature, s
     tokens, corrected = _outputs(num_reqs, num_steps, vocab, device)
     if num_reqs == 0:
         return tokens, corrected
-    cfg = markov_tiles(rank, int(vocab))
+    cfg = markov_tiles(rank, int(vocab))  # V too is a model constant
     block_b = requests_per_program(num_reqs, cfg.requests_per_program)
     # bf16 W2: the bias product on tensor cores, exact products (kernel.py); else fp32 FMAs.
     tensor_cores = markov_w2.dtype == torch.bfloat16
