@@ -5,13 +5,9 @@ plain torch loop.
 
 Columns: median microseconds of a CUDA-graph replay (harness.time_us); the floor:
 reading W2 ([V, r] bf16, 78 MB) once per step, S times, at the rate of a
-device-to-device copy (harness.copy_bandwidth_gbs, read + written bytes per second),
-whatever B (a bias program serves up to 8 requests from one read of its W2 rows; the
-base logits read and the corrected logits written, 6 bytes a token and request, add
-7.3 MB a step at B = 8, 9% of W2, not counted); x floor; the plain loop: the op's
-torch reference (S steps of embedding, matmul, sampling) run eagerly on the same
-tensors, timed the same way. The kernels' sizes: ops/markov_block/kernel.py's
-TILES_BY_SHAPE.
+device-to-device copy (harness.copy_bandwidth_gbs, read + written bytes per second);
+x floor; the plain loop: the op's torch reference (S steps of embedding, matmul,
+sampling) run eagerly on the same tensors, timed the same way.
 
     python benchmarks/bench_markov_block.py
     python benchmarks/bench_markov_block.py --smoke        # CPU, tiny sizes: a check of the script

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import specdraft
 from specdraft.ops import markov_block_sample
 from specdraft.ops.markov_block import check_markov_block_sample_values, markov_block_sample_reference
-from specdraft.ops.markov_block.kernel import markov_tiles, requests_per_program
+from specdraft.ops.markov_block.op import tiles
 
 import specs.markov_block as spec
 from fixtures.lanes import INTERPRETER
@@ -31,8 +31,7 @@ def wide_case(kind: str, rank: int = 40) -> MarkovCase:
     """A vocabulary over three programs of the bias kernel in this lane, sampled and
     greedy requests, tied rows in two tiles of the first program (odd steps walk its
     tiles back to front) and in the second and last programs."""
-    sizes = markov_tiles(rank, 0)  # no shape of the table: the lane's default sizes
-    rows_per_tile, rows_per_program = sizes.rows_per_tile, sizes.rows_per_program
+    _, rows_per_tile, rows_per_program, _ = tiles(rank)
     vocab = 2 * rows_per_program + 3
     tied = (1, rows_per_tile + 1, rows_per_program + 2, vocab - 1)
     return MarkovCase(kind, vocab, rank, 5, 3, [0.0, 0.7], [5, -9], [11, 2**40], [vocab - 1, 3], data_seed=17,
@@ -92,81 +91,6 @@ def test_each_request_is_independent_of_the_batch(device):
     )
     assert torch.equal(alone_tokens[0], tokens[2])
     torch.testing.assert_close(alone_corrected[0], corrected[2], rtol=1e-6, atol=1e-6)
-
-
-def group_case(kind: str, dtype, rank: int = 40) -> MarkovCase:
-    """Five requests: groups of 2, 2 and 1 in the interpreter lane (2 requests a
-    program), one group of 5 in 8 on a GPU; the first group greedy (no noise drawn),
-    the second mixed, the last sampled. The vocabulary over three programs, tied rows
-    in several; rank 40 spans several blocks of K in the interpreter lane."""
-    sizes = markov_tiles(rank, 0)
-    vocab = 2 * sizes.rows_per_program + 3
-    tied = (2, sizes.rows_per_tile + 1, sizes.rows_per_program + 2, vocab - 1)
-    return MarkovCase(kind, vocab, rank, 5, 4, [0.0, 0.0, 0.7, 0.0, 1.3], [5, -9, 3, 3, 2**40],
-                      [11, 2**40, 0, 7, 1], [vocab - 1, 3, 3, 0, 2], data_seed=23, zero_rows=tied,
-                      tie_logit=TIE_LOGIT, dtype=dtype)  # fmt: skip
-
-
-@pytest.mark.kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
-def test_request_groups_match_the_oracle(device, kind, dtype):
-    """A batch that is not a multiple of the requests a bias program serves: every
-    group, the last one partly empty, samples the oracle's tokens (the first of the
-    tied rows for its greedy requests) from the oracle's logits."""
-    case = group_case(kind, dtype)
-    tokens, corrected, want_tokens, want_corrected = run_both(case, device)
-    assert tokens.cpu().tolist() == want_tokens
-    assert want_tokens[0] == [2] * case.num_steps
-    torch.testing.assert_close(corrected.cpu().double(), want_corrected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.kernel
-@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
-def test_a_request_samples_the_same_alone_and_in_any_group(device, kind):
-    """Each request of group_case's batch, run alone (a program of one request), samples
-    the block it samples in its group, from the same logits up to fp32 rounding (a
-    product over one request or a group sums in its own order, on CPU too)."""
-    case = group_case(kind, torch.bfloat16, rank=24)
-    args, kwargs = case.op_args(device)
-    tokens, corrected = markov_block_sample(*args, **kwargs)
-    for b in range(case.num_reqs):
-        alone_args = [a[b : b + 1] if i in (0, 1, 4, 5, 6) else a for i, a in enumerate(args)]
-        alone_kwargs = kwargs | ({"hidden_part": kwargs["hidden_part"][b : b + 1]} if kind != "vanilla" else {})
-        alone_tokens, alone_corrected = markov_block_sample(*alone_args, **alone_kwargs)
-        assert torch.equal(alone_tokens[0], tokens[b])
-        torch.testing.assert_close(alone_corrected[0], corrected[b], rtol=1e-5, atol=1e-5)
-
-
-@given(
-    magnitude=st.floats(2.0**-100, 2.0**127, width=32),
-    sign=st.sampled_from([-1.0, 1.0]),
-)
-@example(magnitude=1.0 + 2.0**-23, sign=1.0)
-@example(magnitude=(2.0 - 2.0**-23) * 2.0**100, sign=-1.0)
-@example(magnitude=(2.0 - 2.0**-7) * 2.0**126, sign=1.0)
-def test_an_fp32_latent_is_the_sum_of_three_bf16_pieces(magnitude, sign):
-    """The kernel's split of an fp32 latent for the bf16 product (kernel.py): hi, mid,
-    lo each rounded to bf16 from what is left, and their sum is the latent exactly
-    (for magnitudes from 2**-100, where lo stays above bf16's subnormals, to 2**127)."""
-    x = torch.tensor([sign * magnitude], dtype=torch.float32)
-    hi = x.to(torch.bfloat16)
-    rest = x - hi.float()
-    mid = rest.to(torch.bfloat16)
-    lo = (rest - mid.float()).to(torch.bfloat16)
-    assert hi.double() + mid.double() + lo.double() == x.double()
-
-
-def test_requests_per_program_needs_no_guard_on_the_batch_size():
-    """A static batch takes the smallest power of two that holds it, up to the most; a
-    batch size traced as a symbol takes the most, without being compared to anything."""
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    assert [requests_per_program(b, 8) for b in (1, 2, 3, 5, 8, 9, 100)] == [1, 2, 4, 8, 8, 8, 8]
-    env = ShapeEnv()
-    symbol = env.create_unbacked_symint()
-    assert requests_per_program(symbol, 8) == 8
-    assert not env.guards
 
 
 @pytest.mark.kernel

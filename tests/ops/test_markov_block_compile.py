@@ -1,18 +1,12 @@
 """opcheck for markov_block_sample (each kind, fp32 and bf16 weights); a block's
 three Markov heads compiled as one fullgraph=True function equal eager, with no
-graph break and one compile serving several blocks; the kernels compile for sm_90 as
-the served shapes launch them."""
+graph break and one compile serving several blocks."""
 
-import importlib.util
-
-import pytest
 import torch
 
 from specdraft.ops import markov_block_sample
 from specdraft.testing import CompileCounts, fresh_compile
 
-from fixtures.gpu_lowering import compile_for_gpu, recorded_launches, signature_of
-from fixtures.lanes import INTERPRETER
 from fixtures.markov_block import TIE_LOGIT, MarkovCase
 
 KINDS = ("vanilla", "gated", "rnn")
@@ -67,35 +61,3 @@ def test_fullgraph_equals_eager_without_graph_breaks(device):
                 torch.testing.assert_close(corrected_got, corrected_eager, rtol=1e-5, atol=1e-5)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1
-
-
-@pytest.mark.skipif(INTERPRETER, reason="the interpreter lane replaces @triton.jit kernels; this is the CPU lane's")
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
-@pytest.mark.parametrize(
-    ("kind", "num_reqs", "rank"),
-    [("vanilla", 1, 256), ("gated", 8, 256), ("rnn", 5, 512)],
-    ids=["vanilla-B1", "gated-B8", "rnn-B5-r512"],
-)
-def test_kernels_compile_for_sm90_as_served(kind, num_reqs, rank):
-    """bf16 weights at the benchmark's rank (tests/ops/test_kernels_compile_for_gpu.py
-    compiles opcheck's small ones): a one-request program (the product's N padded), a
-    group of 8 (warpgroup MMA), a group part empty with the rank in two blocks of K;
-    each kernel compiled with its launch's warps, stages and the JIT's alignment."""
-    import specdraft.ops.markov_block.op as markov_op
-
-    case = MarkovCase(kind, 1000, rank, 16, 2, [0.0, 0.7] * 4, list(range(8)), [3] * 8, [1] * 8, 0,
-                      dtype=torch.bfloat16)  # fmt: skip
-    args, kwargs = case.op_args("cpu")
-    args = [a[:num_reqs] if i in (0, 1, 4, 5, 6) else a for i, a in enumerate(args)]
-    if kind != "vanilla":
-        kwargs["hidden_part"] = kwargs["hidden_part"][:num_reqs]
-    with recorded_launches(markov_op) as launches:
-        markov_block_sample(*args, **kwargs)
-    seen = set()
-    for kernel, launch_args, launch_kwargs in launches:
-        signature, constexprs = signature_of(kernel, launch_args, launch_kwargs)
-        key = (kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items(), key=str)))
-        if key not in seen:
-            seen.add(key)
-            assert compile_for_gpu(kernel, launch_args, launch_kwargs, as_launched=True).asm["cubin"]
-    assert {name for name, _, _ in seen} >= {"markov_bias_kernel", "markov_last_token_kernel"}

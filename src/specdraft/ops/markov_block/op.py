@@ -13,19 +13,34 @@ from ..backend import NAMESPACE, TRITON_INTERPRET, cdiv, next_power_of_2, use_tr
 from ..common.fastmath import FAST_LOG2
 from ..sampling.draft import check_draft_sample_values
 from ..sampling.noise import STREAM_DRAFT, check_request_params, check_salt, salt_key
-from .kernel import (
-    SPLIT_BLOCK,
-    markov_bias_kernel,
-    markov_last_token_kernel,
-    markov_latent_kernel,
-    markov_tiles,
-    rank_blocks,
-    requests_per_program,
-)
+from .kernel import markov_bias_kernel, markov_last_token_kernel, markov_latent_kernel
 from .reference import markov_block_sample_reference
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
-MAX_RANK = 2048  # one W1 row is one register vector of the latent kernel
+MAX_RANK = 2048  # one W2 row is one register tile of the bias kernel
+NUM_WARPS = 4
+
+if TRITON_INTERPRET:
+    # The interpreter emulates every lane in NumPy: small tiles keep it fast and make
+    # small test vocabularies span several tiles, programs and combine blocks.
+    TILE_ELEMENTS, PROGRAM_ELEMENTS, SPLIT_BLOCK = None, None, 4
+else:
+    TILE_ELEMENTS = 4096  # W2 elements per loop iteration of the bias kernel (32 a thread)
+    # W2 elements per bias program: 128 KB of bf16, 256 rows (16 tiles of 16) at r = 256,
+    # so a 152k vocabulary spreads over 594 programs, enough to stream W2 at B = 1.
+    PROGRAM_ELEMENTS = 65536
+    # Partials combined per iteration: a 152k row at r = 256 has 594, one iteration (every
+    # program of the next step combines them, so their latency is on each step's path).
+    SPLIT_BLOCK = 1024
+
+
+def tiles(rank: int) -> tuple[int, int, int, int]:
+    """(BLOCK_R, rows per tile, rows per program, latent entries per program) for rank r."""
+    block_r = next_power_of_2(rank)
+    if TRITON_INTERPRET:
+        return block_r, 4, 8, 4
+    rows_per_tile = max(1, TILE_ELEMENTS // block_r)
+    return block_r, rows_per_tile, max(rows_per_tile, PROGRAM_ELEMENTS // block_r), rows_per_tile
 
 
 def _outputs(num_reqs, num_steps, vocab, device):
@@ -37,45 +52,35 @@ def _launch(base_logits, first_prev_tokens, markov_w1, markov_w2, temperature, s
             latent_weight, salt):  # fmt: skip
     num_reqs, num_steps, vocab = base_logits.shape
     rank = int(markov_w1.shape[1])  # a model constant: specialised under torch.compile
-    device = base_logits.device
-    tokens, corrected = _outputs(num_reqs, num_steps, vocab, device)
+    tokens, corrected = _outputs(num_reqs, num_steps, vocab, base_logits.device)
     if num_reqs == 0:
         return tokens, corrected
-    cfg = markov_tiles(rank, int(vocab))  # V too is a model constant
-    block_b = requests_per_program(num_reqs, cfg.requests_per_program)
-    # bf16 W2: the bias product on tensor cores, exact products (kernel.py); else fp32 FMAs.
-    tensor_cores = markov_w2.dtype == torch.bfloat16
+    block_r, rows_per_tile, rows_per_program, latent_rows = tiles(rank)
+    num_splits = cdiv(vocab, rows_per_program)
+    part_key = torch.empty((num_reqs, num_steps, num_splits), dtype=torch.float32, device=base_logits.device)
+    part_idx = torch.empty((num_reqs, num_steps, num_splits), dtype=torch.int32, device=base_logits.device)
     gather = kind == "vanilla"
-    pieces = 1 if gather and markov_w1.dtype == torch.bfloat16 else 3
-    block_r, block_k = rank_blocks(rank, cfg.block_k if tensor_cores else cfg.fma_block_k)
-    num_splits = cdiv(vocab, cfg.rows_per_program)
-    part_key = torch.empty((num_reqs, num_steps, num_splits), dtype=torch.float32, device=device)
-    part_idx = torch.empty((num_reqs, num_steps, num_splits), dtype=torch.int32, device=device)
-    latent = markov_w1 if gather else torch.empty((num_reqs, rank), dtype=torch.float32, device=device)
+    latent = markov_w1 if gather else torch.empty((num_reqs, rank), dtype=torch.float32, device=base_logits.device)
     state = latent  # an unused pointer unless rnn
     if kind == "rnn":
-        state = torch.empty((num_reqs, 2, rank), dtype=torch.float32, device=device)
-    line = max(1, 128 // markov_w2.element_size())  # W2 elements per 128-byte line
+        state = torch.empty((num_reqs, 2, rank), dtype=torch.float32, device=base_logits.device)
     for step in range(num_steps):
         if not gather:
-            wrap_triton(markov_latent_kernel)[(num_reqs, cdiv(rank, cfg.latent_rows))](
+            wrap_triton(markov_latent_kernel)[(num_reqs, cdiv(rank, latent_rows))](
                 first_prev_tokens, markov_w1, hidden_part, latent_weight, state, latent, part_key, part_idx, tokens,
                 step, vocab, rank, num_steps, num_splits, latent_weight.stride(0),
-                RNN=kind == "rnn", LATENT_ROWS=cfg.latent_rows, BLOCK_R=block_r, EVEN_R=block_r == rank,
+                RNN=kind == "rnn", LATENT_ROWS=latent_rows, BLOCK_R=block_r, EVEN_R=block_r == rank,
                 SPLIT_BLOCK=SPLIT_BLOCK,
-                num_warps=cfg.latent_warps,
+                num_warps=NUM_WARPS,
             )  # fmt: skip
-        wrap_triton(markov_bias_kernel)[(cdiv(num_reqs, block_b), num_splits)](
+        wrap_triton(markov_bias_kernel)[(num_reqs, num_splits)](
             base_logits, first_prev_tokens, markov_w1, markov_w2, latent, temperature, seeds, positions,
             tokens, corrected, part_key, part_idx,
-            step, num_reqs, vocab, rank, num_steps, num_splits, base_logits.stride(0), base_logits.stride(1),
-            SALT_KEY=salt_key(salt, STREAM_DRAFT), GATHER=gather, BLOCK_B=block_b,
-            ROWS_PER_PROGRAM=cfg.rows_per_program, ROWS_PER_TILE=cfg.rows_per_tile, BLOCK_K=block_k,
-            BLOCK_R=block_r, EVEN_R=block_r == rank, TENSOR_CORES=tensor_cores, PIECES=pieces,
-            EMULATE_BF16=TRITON_INTERPRET, PREFETCH_TILES=cfg.prefetch_tiles,
-            LINES=next_power_of_2(cdiv(rank, line)), LINE=line, SPLIT_BLOCK=max(SPLIT_BLOCK, block_b),
+            step, vocab, rank, num_steps, num_splits, base_logits.stride(0), base_logits.stride(1),
+            SALT_KEY=salt_key(salt, STREAM_DRAFT), GATHER=gather, ROWS_PER_PROGRAM=rows_per_program,
+            ROWS_PER_TILE=rows_per_tile, BLOCK_R=block_r, EVEN_R=block_r == rank, SPLIT_BLOCK=SPLIT_BLOCK,
             FAST_LOG2=FAST_LOG2,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=NUM_WARPS,
         )  # fmt: skip
     wrap_triton(markov_last_token_kernel)[(num_reqs,)](
         part_key, part_idx, tokens, num_steps, num_splits, SPLIT_BLOCK=SPLIT_BLOCK
