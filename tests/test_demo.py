@@ -2,7 +2,9 @@
 finds plain and speculative greedy decoding identical, prints acceptance lengths
 above 1 (the shipped head agrees with its target), and fails loudly when the two
 decodings differ. Its progress bars are labelled by run, a compile is announced on
-stderr, and --no-progress leaves stderr empty."""
+stderr, and --no-progress leaves stderr empty. --drafter dflash / dspark runs the
+shipped block drafters the same way (K = their block by default; --tree and a K past
+the block refused)."""
 
 import json
 import re
