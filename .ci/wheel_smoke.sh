@@ -86,6 +86,9 @@ stats = json.load(open('demo.json'))
 assert stats['greedy_identical'] is True, stats
 print('wheel-smoke: demo --json holds', ', '.join(sorted(stats)))
 "
+# The block drafters ship too (demo_pair/dflash, demo_pair/dspark): DSpark, briefly.
+"$PY" -m specdraft.demo --no-compile --drafter dspark --prompts 2 --max-new-tokens 24 --no-sampled --no-progress \
+    | grep "greedy outputs identical: yes"
 
 # A library user's path, which needs what the wheel declares (numpy, through
 # safetensors): save a head, capture a target's outputs as shards, evaluate them.

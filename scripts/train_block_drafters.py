@@ -283,6 +283,14 @@ def train_head(kind, target, train_data, pool, args, device, gen) -> tuple[Block
     return head.eval(), run
 
 
+def save_head(head: BlockDraftHead, folder: Path) -> None:
+    """DeepSpec's layout without the target's embedding and lm_head (fp32, on the CPU)."""
+    state = {k: v.detach().cpu() for k, v in head.state_dict().items()}
+    cpu_head = BlockDraftHead(head.config, head.block)
+    cpu_head.load_state_dict(state)
+    save_block_drafter(cpu_head, folder, shared=("embed_tokens", "lm_head"))
+
+
 # ------------------------------------------------------------------------ evaluation
 
 
@@ -409,6 +417,7 @@ def main(argv=None):
     heads, runs = {}, {}
     for kind in args.drafters:
         heads[kind], runs[kind] = train_head(kind, target, train_data, pool, args, device, gen)
+        save_head(heads[kind], args.out / kind)  # saved before the evaluation: a run cut short keeps it
 
     continued = pair.greedy_generate(
         target, eval_windows[:64, : args.eval_prompt_len], args.eval_len - args.eval_prompt_len
@@ -441,9 +450,6 @@ def main(argv=None):
     for key, per_head in metrics.items():
         entry.setdefault("metrics", {}).setdefault(key, {}).update(per_head)
     record["block_drafters"] = entry
-    args.out.mkdir(parents=True, exist_ok=True)
-    for kind, head in heads.items():
-        save_block_drafter(head.cpu(), args.out / kind, shared=("embed_tokens", "lm_head"))
     (args.out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(metrics, indent=1), flush=True)
     print(f"saved {', '.join(heads)} to {args.out} in {run['total_seconds']:.0f}s", flush=True)

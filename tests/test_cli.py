@@ -136,6 +136,11 @@ REFUSED = [
     # Well formed, out of range: TreeShape's own checks, which import no torch.
     (["demo", "--tree", "9,2,4"], "--tree 9,2,4: depth must be in [1, 8], got 9"),
     (["demo", "--tree", "2,2,40"], "--tree 2,2,40: num_verify_tokens: 40 needs 39 drafted nodes"),
+    # Block drafters: no tree, K at most the block (read from the shipped config.json, no torch).
+    (["demo", "--drafter", "dspark", "--tree", "4,4,16"], "--tree 4,4,16 with --drafter dspark: a block drafter"),
+    (["demo", "--drafter", "dflash", "--tree", "auto"], "--tree auto with --drafter dflash: a block drafter"),
+    (["demo", "--drafter", "dspark", "--k", "9"], "--k 9 with --drafter dspark: a block drafts at most its block size"),
+    (["demo", "--drafter", "eagle"], "argument --drafter: invalid choice: 'eagle'"),
 ]
 
 REFUSED_SCRIPT = textwrap.dedent(

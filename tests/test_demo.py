@@ -2,7 +2,9 @@
 finds plain and speculative greedy decoding identical, prints acceptance lengths
 above 1 (the shipped head agrees with its target), and fails loudly when the two
 decodings differ. Its progress bars are labelled by run, a compile is announced on
-stderr, and --no-progress leaves stderr empty."""
+stderr, and --no-progress leaves stderr empty. --drafter dflash / dspark runs the
+shipped block drafters the same way (K = their block by default; --tree and a K past
+the block refused)."""
 
 import json
 import re
@@ -171,6 +173,7 @@ def test_demo_json_holds_what_it_printed(tmp_path, capsys):
     assert got["greedy_identical"] is True and got["first_difference"] is None
     assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out and got["tokens"] == 144
     assert (got["k"], got["tree"], got["prompts"], got["max_new_tokens"], got["compiled"]) == (3, None, 3, 48, False)
+    assert got["drafter"] == "eagle3"
     rates = [float(r) for r in re.findall(r"k=\d: ([0-9.]+)", out)]
     assert [round(r, 3) for r in got["acceptance_rate_per_position"]] == rates
     assert got["accepted_sibling_rank"] is None
@@ -188,6 +191,78 @@ def test_demo_json_holds_what_it_printed(tmp_path, capsys):
     sampled = number(r"sampled run .*mean acceptance length ([0-9.]+)", out)
     assert got["sampled"]["temperature"] == 0.7 and got["sampled"]["seeds"] == [0, 2]
     assert round(got["sampled"]["mean_acceptance_length"], 3) == sampled
+
+
+@pytest.mark.parametrize("drafter", ["dflash", "dspark"])
+def test_block_drafter_demo_finds_identical_outputs(drafter, tmp_path, capsys):
+    """--drafter dflash / dspark: the shipped block drafter, K = its block size (7) by
+    default, greedy outputs identical to plain decoding, per-position acceptance
+    falling with the position, the --json record holding the printed statistics
+    under the same keys as EAGLE-3's, and the sampled run."""
+    path = tmp_path / "stats.json"
+    argv = ["--no-compile", "--prompts", "3", "--max-new-tokens", "48", "--drafter", drafter, "--no-progress"]
+    status, out, err = run_demo(capsys, [*argv, "--json", str(path)])
+    assert status == 0, out
+    assert err == ""
+    name = {"dflash": "DFlash", "dspark": "DSpark"}[drafter]
+    assert f"specdraft demo: {name} speculative decoding" in out
+    assert f"{name} head (2 layers, block 7" in out and "K = 7;" in out
+    assert ("Markov rank 64" in out) == (drafter == "dspark")
+    assert "greedy outputs identical: yes (3 prompts, 144 tokens" in out
+    rates = [float(r) for r in re.findall(r"k=\d: ([0-9.]+)", out)]
+    assert len(rates) == 7 and all(0 <= r <= 1 for r in rates) and rates[0] > 0
+    assert rates == sorted(rates, reverse=True)
+    length = number(r"mean acceptance length\s+([0-9.]+)", out)
+    assert 1 < length <= 8
+    passes = re.search(r"target verify passes\s+speculative (\d+), plain (\d+)", out)
+    assert passes and int(passes.group(1)) < int(passes.group(2))
+    assert number(r"sampled run .*mean acceptance length ([0-9.]+)", out) >= 1
+    got = json.loads(path.read_text())
+    assert (got["drafter"], got["k"], got["tree"], got["compiled"]) == (drafter, 7, None, False)
+    assert got["greedy_identical"] is True and got["tokens"] == 144
+    assert [round(r, 3) for r in got["acceptance_rate_per_position"]] == rates
+    assert round(got["mean_acceptance_length"], 3) == length
+    assert got["accepted_sibling_rank"] is None and got["sampled"]["temperature"] == 0.7
+
+
+def test_block_drafter_demo_takes_a_shorter_k(capsys):
+    """--k below the block size: the block's first K drafts are verified."""
+    argv = ["--no-compile", "--prompts", "2", "--max-new-tokens", "24", "--drafter", "dspark", "--k", "2"]
+    status, out, _ = run_demo(capsys, [*argv, "--no-sampled", "--no-progress"])
+    assert status == 0, out
+    assert "K = 2;" in out and "greedy outputs identical: yes (2 prompts, 48 tokens" in out
+    assert len(re.findall(r"k=\d: ([0-9.]+)", out)) == 2
+    assert number(r"mean acceptance length\s+([0-9.]+)", out) <= 3
+
+
+def test_block_drafter_demo_exits_non_zero_when_outputs_differ(capsys, monkeypatch):
+    drop_a_speculative_token(monkeypatch)
+    argv = ["--no-compile", "--prompts", "3", "--max-new-tokens", "24", "--drafter", "dflash"]
+    status, out, _ = run_demo(capsys, [*argv, "--no-sampled", "--no-progress"])
+    assert status == 1
+    assert "FAIL: greedy outputs differ (prompt 2" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--drafter", "dspark", "--tree", "4,4,16"], "--tree 4,4,16 with --drafter dspark: a block drafter drafts"),
+        (["--drafter", "dflash", "--tree", "auto"], "--tree auto with --drafter dflash"),
+        (["--drafter", "dflash", "--k", "8"], "--k 8 with --drafter dflash: a block drafts at most its block size, 7"),
+        (["--drafter", "medusa"], "argument --drafter: invalid choice: 'medusa'"),
+    ],
+)
+def test_block_drafter_arguments_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        demo.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_block_drafter_k_defaults_to_the_block_and_the_run():
+    assert demo.parse_args(["--drafter", "dspark"]).k == 7
+    assert demo.parse_args(["--drafter", "dspark", "--max-new-tokens", "5"]).k == 4  # a run keeps at most 4 drafts
+    assert demo.parse_args([]).k == demo.DEFAULT_K and demo.parse_args([]).drafter == "eagle3"
 
 
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):

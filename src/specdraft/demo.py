@@ -1,8 +1,10 @@
 """`specdraft demo` (python -m specdraft.demo): speculative decoding end to end, with
-the byte-level Llama target (4 layers x 256) and the EAGLE-3 head that ship in the
-package (specdraft.assets; trained on the Python standard library by
-scripts/train_demo_pair.py, and run by `make demo`, both in a clone of the project's
-source repository, not in the wheel).
+the byte-level Llama target (4 layers x 256) and a drafter that ship in the package
+(specdraft.assets; trained on the Python standard library by
+scripts/train_demo_pair.py and scripts/train_block_drafters.py, and run by `make
+demo`, all in a clone of the project's source repository, not in the wheel): the
+EAGLE-3 head (default), or with --drafter dflash / dspark a block drafter that
+drafts its whole block (7 tokens) in one forward.
 
 Plain and speculative greedy decoding of a few Python snippets, each iteration
 compiled whole (torch.compile, fullgraph=True): the outputs must be identical, token
@@ -14,6 +16,7 @@ whose texts loop less than greedy ones.
     python -m specdraft.demo                      # CPU, compiled, K = 3
     python -m specdraft.demo --device cuda        # mode="reduce-overhead" there
     python -m specdraft.demo --k 5 --max-new-tokens 64 --no-compile
+    python -m specdraft.demo --drafter dspark     # DSpark, K = its block size (7)
     specdraft demo --no-progress                  # the same, as the console script
     specdraft demo --json stats.json              # also write the printed statistics as JSON
 
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdraft.__main__ import (
+    DEMO_PAIR,
     DEVICE_HELP,
     NO_PROGRESS_HELP,
     ArgumentParser,
@@ -60,6 +64,8 @@ PROMPTS = (
     "try:\n    import _thread\nexcept ImportError:\n",
 )
 DEFAULT_K = 3
+DRAFTERS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+BLOCK_DRAFTERS = ("dflash", "dspark")
 MAX_MODEL_LEN = 384  # the longest prompt (~130 bytes) + max_new_tokens fits
 BLOCK_SIZE = 16
 TEMPERATURE = 0.7
@@ -70,9 +76,14 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with mode=reduce-overhead")
     parser.add_argument(
-        "--k", type=int, help=f"draft tokens per verify pass (default {DEFAULT_K}; at most --max-new-tokens - 1, "
-        "the drafts a run can keep). Not with --tree D,K,N (the tree's depth D is its K); with --tree auto, the "
-        "chain shown where the table picks plain decoding",
+        "--drafter", choices=tuple(DRAFTERS), default="eagle3", help="the shipped drafter: eagle3 (default; an "
+        "EAGLE-3 head, one draft step per token), dflash or dspark (block drafters: the whole block in one forward; "
+        "DSpark adds a Markov head over the block and a confidence head)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--k", type=int, help=f"draft tokens per verify pass (default {DEFAULT_K}; a block drafter: its block size, "
+        "at most that; at most --max-new-tokens - 1, the drafts a run can keep). Not with --tree D,K,N (the tree's "
+        "depth D is its K); with --tree auto, the chain shown where the table picks plain decoding",
     )  # fmt: skip
     parser.add_argument(
         "--tree", metavar="D,K,N", help="draft an EAGLE-2 tree instead of a chain: depth D, topk K, N verified "
@@ -107,6 +118,9 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
     if args.k is not None and not 1 <= args.k <= args.max_new_tokens - 1:
         parser.error(f"--k must be in [1, {args.max_new_tokens - 1}] (--max-new-tokens - 1: a run keeps at most "
                      f"that many drafts), got {args.k}")  # fmt: skip
+    if args.drafter in BLOCK_DRAFTERS:
+        check_block_drafter(parser, args)
+        return args
     # The tree last: only a well-formed D,K,N loads TreeShape's checks (and torch).
     tree = None if args.tree is None else tree_numbers(parser, args.tree)
     if tree is not None and args.k is not None:
@@ -115,6 +129,28 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
     if tree is not None:
         args.tree = tree_shape(parser, args.tree, tree)
     return args
+
+
+def shipped_block_size(parser: argparse.ArgumentParser, drafter: str) -> int:
+    """The shipped block drafter's block_size, from its config.json (plain JSON: no
+    torch before the argument checks)."""
+    path = DEMO_PAIR / drafter / "config.json"
+    try:
+        return int(json.loads(path.read_text())["block_size"])
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--drafter {drafter}: cannot read the shipped drafter's {path}: {error}")
+
+
+def check_block_drafter(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--drafter dflash / dspark: no tree (a block is a chain), --k at most the block
+    size (default: all of it)."""
+    if args.tree is not None:
+        parser.error(f"--tree {args.tree} with --drafter {args.drafter}: a block drafter drafts one chain, its block "
+                     "(use --k)")  # fmt: skip
+    size = shipped_block_size(parser, args.drafter)
+    if args.k is not None and args.k > size:
+        parser.error(f"--k {args.k} with --drafter {args.drafter}: a block drafts at most its block size, {size}")
+    args.k = min(size, args.max_new_tokens - 1) if args.k is None else args.k
 
 
 def tree_numbers(parser: argparse.ArgumentParser, text: str) -> tuple[int, int, int] | None:
@@ -155,22 +191,26 @@ def compile_options(device: str, enabled: bool):
     return {"options": {"cpp.vec_isa_ok": False}}
 
 
-def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None):
-    """(plain, speculative) decoders over the shipped pair, for batches of up to
-    num_prompts prompts; with tree (a TreeShape), the speculative one drafts trees."""
+def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None,
+                   drafter: str = "eagle3"):  # fmt: skip
+    """(plain, speculative) decoders over the shipped target and `drafter`, for
+    batches of up to num_prompts prompts; with tree (a TreeShape; EAGLE-3 only), the
+    speculative one drafts trees."""
     from specdraft.assets import load_demo_pair
     from specdraft.config import SpeculativeConfig
     from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
-    from specdraft.proposers import EagleProposer
+    from specdraft.proposers import BlockProposer, EagleProposer
 
-    target, head = load_demo_pair(device=device)
+    target, head = load_demo_pair(device=device, drafter=drafter)
     k = k if tree is None else tree.depth
+    block = drafter in BLOCK_DRAFTERS
     config = SpeculativeConfig(
-        method="eagle3", num_speculative_tokens=k, max_model_len=max_model_len, block_size=BLOCK_SIZE
-    )
+        method="block" if block else "eagle3", num_speculative_tokens=k, max_model_len=max_model_len,
+        block_size=BLOCK_SIZE,
+    )  # fmt: skip
     reach = k if tree is None else tree.num_verify_tokens - 1  # KV positions a verify pass writes past a request
     caches = head.allocate_kv_caches(num_kv_blocks(num_prompts, max_model_len, reach, BLOCK_SIZE), BLOCK_SIZE)
-    proposer = EagleProposer(head, config, caches)
+    proposer = (BlockProposer if block else EagleProposer)(head, config, caches)
     plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=compile)
     if tree is not None:
         return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile)
@@ -281,6 +321,16 @@ def choose_drafts(args: argparse.Namespace, num_requests: int) -> None:
         args.tree = choice
 
 
+def describe_drafter(head, name: str) -> str:
+    """The drafter as the header line names it."""
+    block = getattr(head, "block", None)
+    if block is None:
+        return f"{name} head"
+    layers = head.config.num_layers
+    markov = f", Markov rank {block.markov_rank}" if block.markov_rank else ""
+    return f"{name} head ({layers} layer{'s' if layers > 1 else ''}, block {block.block_size}{markov})"
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_writable("--json", args.json)
@@ -296,19 +346,21 @@ def run_demo(args: argparse.Namespace) -> int:
     prompts = encode(texts)
     if args.tree == "auto":
         choose_drafts(args, len(prompts))
-    plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree)
+    plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter)
     k = args.k if args.tree is None else args.tree.depth
     how = "eager"
     if compile is not False:
         how = "torch.compile(fullgraph=True, " + ("mode=reduce-overhead)" if device.type == "cuda" else "no SIMD)")
     where = f"{device.type}" + (f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "")
-    print("specdraft demo: EAGLE-3 speculative decoding with the shipped byte-level pair")
+    name = DRAFTERS[args.drafter]
+    print(f"specdraft demo: {name} speculative decoding with the shipped byte-level pair")
     drafts = (
         f"K = {args.k}"
         if args.tree is None
         else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens")
     )
-    print(f"target 4 x 256 Llama (vocab 256 bytes), EAGLE-3 head, {drafts}; {where}; torch {torch.__version__}")
+    print(f"target 4 x 256 Llama (vocab 256 bytes), {describe_drafter(spec.proposer.model, name)}, {drafts}; "
+          f"{where}; torch {torch.__version__}")  # fmt: skip
     print(f"{len(prompts)} Python snippets, {args.max_new_tokens} new tokens each, greedy; iterations {how}\n")
 
     progress = not args.no_progress
@@ -328,7 +380,7 @@ def run_demo(args: argparse.Namespace) -> int:
     diff = first_difference(plain_out, spec_out)
     total = sum(len(t) for t in plain_out.tokens)
     record = {
-        "device": str(device), "compiled": compile is not False, "k": k,
+        "drafter": args.drafter, "device": str(device), "compiled": compile is not False, "k": k,
         "tree": None if args.tree is None else [args.tree.depth, args.tree.topk, args.tree.num_verify_tokens],
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "tokens": total,
         "greedy_identical": diff is None,

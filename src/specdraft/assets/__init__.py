@@ -1,6 +1,8 @@
-"""Files shipped with the package: the demo's trained target / EAGLE-3 pair
-(demo_pair/target, demo_pair/eagle3, demo_pair/training.json; made by
-scripts/train_demo_pair.py), and the stdlib files held out of its training."""
+"""Files shipped with the package: the demo's trained target and its three drafters
+(demo_pair/target and demo_pair/eagle3, made by scripts/train_demo_pair.py;
+demo_pair/dflash and demo_pair/dspark, block drafters made by
+scripts/train_block_drafters.py; demo_pair/training.json records both runs), and the
+stdlib files held out of their training."""
 
 import json
 import sysconfig
@@ -8,22 +10,42 @@ from pathlib import Path
 
 import torch
 
-from specdraft.models import Eagle3Head, TinyTargetModel, load_draft_model
+from specdraft.models import BlockDraftHead, Eagle3Head, TinyTargetModel, load_block_drafter, load_draft_model
 from specdraft.models.target_loading import load_target_model
 
 DEMO_PAIR = Path(__file__).resolve().parent / "demo_pair"
+DEMO_DRAFTERS = ("eagle3", "dflash", "dspark")
 
 
 def load_demo_pair(
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None
-) -> tuple[TinyTargetModel, Eagle3Head]:
-    """(target, head) in eval mode, loaded with load_target_model / load_draft_model;
-    the head shares the target's embedding (it was trained on it and ships without
-    one). The head fuses the target layers default_aux_layers(4) names."""
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None, drafter: str = "eagle3"
+) -> tuple[TinyTargetModel, Eagle3Head | BlockDraftHead]:
+    """(target, head) in eval mode: the shipped target (load_target_model) and the
+    shipped drafter named `drafter` (load_demo_drafter), sharing its weights. The
+    EAGLE-3 head fuses the target layers default_aux_layers(4) names; the block
+    drafters read the layers their config names (head.block.aux_layers)."""
     target = load_target_model(DEMO_PAIR / "target", dtype=dtype, device=device).eval()
-    head = load_draft_model(DEMO_PAIR / "eagle3", method="eagle3", dtype=dtype, device=device).eval()
+    return target, load_demo_drafter(drafter, target, dtype=dtype, device=device)
+
+
+def load_demo_drafter(
+    drafter: str, target: TinyTargetModel, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> Eagle3Head | BlockDraftHead:
+    """A shipped drafter of the demo target, in eval mode, sharing `target`'s weights
+    it was trained on and ships without:
+
+    - "eagle3": the EAGLE-3 head (load_draft_model), sharing the target's embedding
+      (its lm_head is its own);
+    - "dflash", "dspark": the block drafters (load_block_drafter, DeepSpec's layout),
+      sharing the target's embedding and lm_head (frozen in their training)."""
+    if drafter not in DEMO_DRAFTERS:
+        raise ValueError(f"drafter must be one of {DEMO_DRAFTERS}, got {drafter!r}")
+    if drafter == "eagle3":
+        head = load_draft_model(DEMO_PAIR / "eagle3", method="eagle3", dtype=dtype, device=device)
+    else:
+        head = load_block_drafter(DEMO_PAIR / drafter, dtype=dtype, device=device)
     head.share_from(target)
-    return target, head
+    return head.eval()
 
 
 def demo_files(split: str) -> list[Path]:
