@@ -12,13 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.config import SpeculativeConfig
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.block import BlockConfig
 from specdraft.models.heads.block_gemma4 import Gemma4BlockDraftHead, Gemma4Settings
-from specdraft.proposers.block import BlockProposer
 from tests.models.block_gemma4_oracle import Gemma4OracleDrafter
-from tests.models.test_block_head import BLOCK, CACHE_BLOCK, VOCAB, window_metadata
+from tests.models.test_block_head import BLOCK, VOCAB, check_running_sequences
 
 
 def make_gemma_head(gemma: Gemma4Settings, markov=None, confidence=False, with_markov=False, bias=False, seed=0):
@@ -54,58 +52,11 @@ VARIANTS = [
 ]
 
 
-def serve(proposer, head, positions, hidden, newest, meta, sample_at=None, rejected=None):
-    return proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta,
-                            token_indices_to_sample=sample_at, num_rejected_tokens=rejected)  # fmt: skip
-
-
-def check_block(head, served, b, oracle_hidden, oracle, newest):
-    """Request b's block: Markov-corrected logits (the proposer's draft_probs with
-    return_probs "logits" and greedy drafts), greedy drafts and confidence logits."""
-    _, corrected, drafts, conf = oracle.draft(oracle_hidden, newest)
-    torch.testing.assert_close(served.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
-    assert served.draft_tokens[b].tolist() == drafts.tolist()
-    if conf is None:
-        assert served.confidence_logits is None
-    else:
-        torch.testing.assert_close(served.confidence_logits[b].double(), conf, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("gemma,markov,confidence,with_markov,bias", VARIANTS)
 def test_gemma4_block_drafts_match_the_oracle_over_running_sequences(gemma, markov, confidence, with_markov, bias):
     head = make_gemma_head(gemma, markov, confidence, with_markov, bias)
     assert head.attention_scale == 1.0
-    width = head.hidden_width
-    gen = torch.Generator().manual_seed(1)
-    prompts, total, table_width = [7, 3], 40, 16
-    tokens = [torch.randint(0, VOCAB - 1, (total,), generator=gen) for _ in prompts]
-    features = [torch.randn(total, width, generator=gen) for _ in prompts]
-    config = SpeculativeConfig(method="block", num_speculative_tokens=BLOCK, max_model_len=60, block_size=CACHE_BLOCK,
-                               return_probs="logits")  # fmt: skip
-    proposer = BlockProposer(head, config, head.allocate_kv_caches(len(prompts) * table_width, CACHE_BLOCK))
-    oracles = [Gemma4OracleDrafter(head) for _ in prompts]
-
-    starts, lens = [0] * len(prompts), prompts
-    positions, meta = window_metadata(starts, lens, table_width)
-    hidden = torch.cat([f[:n] for f, n in zip(features, lens, strict=True)])
-    newest = torch.stack([t[n] for t, n in zip(tokens, prompts, strict=True)])
-    out = serve(proposer, head, positions, hidden, newest, meta)
-    context_end = list(prompts)
-    for _ in range(4):
-        for b, oracle in enumerate(oracles):
-            lo, end = starts[b], context_end[b]
-            h = oracle.block_step(features[b][lo:end], torch.arange(lo, end), tokens[b][end], end)
-            check_block(head, out, b, h, oracle, tokens[b][end])
-        accepted = torch.randint(0, BLOCK + 1, (len(prompts),), generator=gen).tolist()
-        starts = list(context_end)
-        lens = [BLOCK + 1] * len(prompts)
-        positions, meta = window_metadata(starts, lens, table_width)
-        hidden = torch.cat([f[s : s + n] for f, s, n in zip(features, starts, lens, strict=True)])
-        context_end = [s + a + 1 for s, a in zip(starts, accepted, strict=True)]
-        newest = torch.stack([t[e] for t, e in zip(tokens, context_end, strict=True)])
-        rejected = torch.tensor([BLOCK - a for a in accepted])
-        sample_at = torch.tensor([i * (BLOCK + 1) + a for i, a in enumerate(accepted)])
-        out = serve(proposer, head, positions, hidden, newest, meta, sample_at, rejected)
+    check_running_sequences(head, Gemma4OracleDrafter)
 
 
 def test_gemma4_settings_refuse_bad_values():

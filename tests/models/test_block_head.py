@@ -62,18 +62,30 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("qk_norm,markov,confidence,with_markov", VARIANTS)
-def test_block_drafts_match_the_oracle_over_running_sequences(qk_norm, markov, confidence, with_markov):
-    head = make_head(qk_norm, markov, confidence, with_markov)
-    width = head.hidden_width
+def check_block(out, b, oracle, hidden, newest):
+    """Request b's block of the proposer's output `out` (return_probs "logits", greedy
+    drafts) against the oracle's: Markov-corrected logits, greedy drafts, confidence."""
+    _, corrected, drafts, conf = oracle.draft(hidden, newest)
+    torch.testing.assert_close(out.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
+    assert out.draft_tokens[b].tolist() == drafts.tolist(), b
+    if conf is None:
+        assert out.confidence_logits is None
+    else:
+        torch.testing.assert_close(out.confidence_logits[b].double(), conf, rtol=1e-5, atol=1e-5)
+
+
+def check_running_sequences(head, make_oracle, num_blocks: int = 4):
+    """Two requests (prompts of 7 and 3 tokens) run block after block through
+    BlockProposer.propose, each verify accepting a random number of drafts; every
+    block must equal make_oracle(head)'s (its own dense cache per request)."""
     gen = torch.Generator().manual_seed(1)
     prompts, total, table_width = [7, 3], 40, 16
     tokens = [torch.randint(0, VOCAB - 1, (total,), generator=gen) for _ in prompts]
-    features = [torch.randn(total, width, generator=gen) for _ in prompts]
+    features = [torch.randn(total, head.hidden_width, generator=gen) for _ in prompts]
     config = SpeculativeConfig(method="block", num_speculative_tokens=BLOCK, max_model_len=60, block_size=CACHE_BLOCK,
                                return_probs="logits")  # fmt: skip
     proposer = BlockProposer(head, config, head.allocate_kv_caches(len(prompts) * table_width, CACHE_BLOCK))
-    oracles = [OracleDrafter(head) for _ in prompts]
+    oracles = [make_oracle(head) for _ in prompts]
 
     # The prefill: every prompt row is context; the first generated token opens the block.
     starts, lens = [0] * len(prompts), prompts
@@ -82,18 +94,11 @@ def test_block_drafts_match_the_oracle_over_running_sequences(qk_norm, markov, c
     newest = torch.stack([t[n] for t, n in zip(tokens, prompts, strict=True)])
     out = proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta)
     context_end = list(prompts)
-    for step in range(4):
+    for _ in range(num_blocks):
         for b, oracle in enumerate(oracles):
-            lo = starts[b]
-            h = oracle.block_step(features[b][lo : context_end[b]], torch.arange(lo, context_end[b]),
-                                  tokens[b][context_end[b]], context_end[b])  # fmt: skip
-            base, corrected, drafts, conf = oracle.draft(h, tokens[b][context_end[b]])
-            torch.testing.assert_close(out.draft_probs[b].double(), corrected, rtol=1e-5, atol=1e-5)
-            assert out.draft_tokens[b].tolist() == drafts.tolist(), (step, b)
-            if conf is None:
-                assert out.confidence_logits is None
-            else:
-                torch.testing.assert_close(out.confidence_logits[b].double(), conf, rtol=1e-5, atol=1e-5)
+            lo, end = starts[b], context_end[b]
+            h = oracle.block_step(features[b][lo:end], torch.arange(lo, end), tokens[b][end], end)
+            check_block(out, b, oracle, h, tokens[b][end])
         # Verify: the window is [newest, K drafts]; request b accepts accepted[b] drafts.
         accepted = torch.randint(0, BLOCK + 1, (len(prompts),), generator=gen).tolist()
         starts = list(context_end)
@@ -106,3 +111,8 @@ def test_block_drafts_match_the_oracle_over_running_sequences(qk_norm, markov, c
         sample_at = torch.tensor([i * (BLOCK + 1) + a for i, a in enumerate(accepted)])
         out = proposer.propose(torch.zeros_like(positions), positions, hidden, newest, meta,
                                token_indices_to_sample=sample_at, num_rejected_tokens=rejected)  # fmt: skip
+
+
+@pytest.mark.parametrize("qk_norm,markov,confidence,with_markov", VARIANTS)
+def test_block_drafts_match_the_oracle_over_running_sequences(qk_norm, markov, confidence, with_markov):
+    check_running_sequences(make_head(qk_norm, markov, confidence, with_markov), OracleDrafter)

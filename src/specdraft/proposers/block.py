@@ -36,10 +36,9 @@ from specdraft.proposers.checks import check_method
 from specdraft.proposers.loop import (
     DraftSampler,
     TargetWindow,
-    allocate_draft_probs,
     clamp_ids,
+    sample_per_request,
     sample_rows,
-    step_counter,
 )
 
 
@@ -87,20 +86,12 @@ def block_forward(model, kv_caches, newest_tokens, context_lens, metadata: Batch
     return model.block_hidden(ids, positions, attend_for_layer).view(num_reqs, size, -1)
 
 
-def request_sampling(config: SpeculativeConfig, sampling: SamplingParams | None, num_reqs: int, device):
-    """(temperature [B], seeds [B]): 0 (greedy) where the config or the request says so."""
-    if sampling is None or config.draft_sampling == "greedy":
-        return torch.zeros(num_reqs, device=device), torch.zeros(num_reqs, dtype=torch.int64, device=device)
-    temperature = torch.where(sampling.temperature > 0, sampling.temperature, 0.0)
-    return temperature, sampling.seeds
-
-
 def sample_markov_block(model, config: SpeculativeConfig, logits, hidden, newest_tokens, draft_positions, sampling,
                         num_drafts: int):  # fmt: skip
     """DSpark: tokens [B, block_size] and the draft probs [B, K, V] (or None) of the
     Markov-corrected logits, sampled in order over the block in one op."""
     markov = model.markov_head
-    temperature, seeds = request_sampling(config, sampling, logits.shape[0], logits.device)
+    temperature, seeds = DraftSampler(config, sampling, None).row_params(logits.shape[0], logits.device)
     hidden_part, latent_weight = markov_op_weights(markov, hidden)
     tokens, corrected = markov_block_sample(
         logits, newest_tokens, markov.markov_w1.weight, markov.markov_w2.weight, kind=markov.kind,
@@ -135,13 +126,9 @@ def sample_plain_block(config: SpeculativeConfig, logits, draft_positions, sampl
     """DFlash: the first K rows of every block at once, each draft's noise keyed by
     its own position. tokens [B, K], probs [B, K, V] or None."""
     num_reqs = logits.shape[0]
-    sample = DraftSampler(config, sampling, allocate_draft_probs(config, vocab, num_reqs, logits.device))
     rows = logits[:, :num_drafts].reshape(num_reqs * num_drafts, -1)
     positions = (draft_positions.long()[:, None] + torch.arange(num_drafts, device=logits.device)).reshape(-1)
-    as_rows = None if sample.probs is None else sample.probs.view(num_reqs * num_drafts, 1, -1)
-    step = step_counter(sample.probs, 0, logits.device)
-    tokens = sample(rows, positions, step, repeat=num_drafts, probs=as_rows)
-    return tokens.view(num_reqs, num_drafts), sample.probs
+    return sample_per_request(config, sampling, rows, positions, num_reqs, vocab)
 
 
 class BlockProposer(Proposer):

@@ -20,16 +20,14 @@ from specdraft.proposers.base import Proposer
 from specdraft.proposers.checks import check_method
 from specdraft.proposers.loop import (
     DraftOutput,
-    DraftSampler,
     TargetWindow,
     advance,
-    allocate_draft_probs,
     clamp_ids,
     clamp_rows,
     draft_k_tokens,
     first_row,
+    sample_per_request,
     static_min,
-    step_counter,
 )
 from specdraft.proposers.tree import TreeDraftOutput, draft_tree
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
@@ -203,7 +201,8 @@ class EagleProposer(Proposer):
         index = clamp_rows(expanded.new_token_indices, input_ids.shape[0])  # [B * K], request-major
         logits = self.model.compute_logits(h_sample.index_select(0, index), spec_step_idx=0)
         token_positions = first_row(positions).index_select(0, index) + 1  # each draft's own position
-        return self.sample_parallel(logits, token_positions, sampling, num_reqs)
+        return sample_per_request(self.config, sampling, logits, token_positions, num_reqs,
+                                  self.model.config.vocab_size)  # fmt: skip
 
     def expanded_positions(self, target_positions, expanded, query_start_loc, extended_query_start_loc):
         """The rotary positions of the expanded window. 1-D: `expanded.positions`.
@@ -230,13 +229,3 @@ class EagleProposer(Proposer):
         out = out.index_copy(0, clamp_rows(expanded.hidden_state_mapping, out.shape[0]), hidden)
         fill = hidden.new_zeros(hidden.shape[1]) if mask_hidden is None else mask_hidden.to(hidden.dtype)
         return torch.where(expanded.is_masked_token_mask[:, None], fill, out)
-
-    def sample_parallel(self, logits, token_positions, sampling: SamplingParams | None, num_reqs: int) -> DraftOutput:
-        """The B * K drafts in one call (request-major rows): the [B, K, V] buffer is
-        filled as B * K requests of one step each."""
-        k, vocab = self.num_speculative_tokens, self.model.config.vocab_size
-        sample = DraftSampler(self.config, sampling, allocate_draft_probs(self.config, vocab, num_reqs, logits.device))
-        as_rows = None if sample.probs is None else sample.probs.view(num_reqs * k, 1, -1)
-        step = step_counter(sample.probs, 0, logits.device)
-        tokens = sample(logits, token_positions, step, repeat=k, probs=as_rows)
-        return DraftOutput(tokens.view(num_reqs, k), sample.probs)

@@ -216,23 +216,39 @@ class DraftSampler:
         config = self.config
         if config.draft_sampling == "greedy" and probs is None:
             return logits.argmax(dim=-1).to(torch.int32)
-        num_rows = logits.shape[0]
-        if self.sampling is None or config.draft_sampling == "greedy":
-            temperature = torch.zeros(num_rows, dtype=torch.float32, device=logits.device)
-            seeds = torch.zeros(num_rows, dtype=torch.int64, device=logits.device)
-        else:
-            temperature = self.sampling.temperature.repeat_interleave(repeat)
-            # Not > 0 (negative, NaN: out of contract) samples greedily, as 0 does.
-            temperature = torch.where(temperature > 0, temperature, 0.0)
-            seeds = self.sampling.seeds.repeat_interleave(repeat)
+        temperature, seeds = self.row_params(logits.shape[0], logits.device, repeat)
         kwargs = {"salt": config.salt}
         if probs is not None:
             kwargs.update(probs_out=probs, step=step_index, write=config.return_probs)
         return draft_sample(logits.contiguous(), temperature, seeds, token_positions.long(), **kwargs)
 
+    def row_params(self, num_rows: int, device, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(temperature [num_rows] fp32, seeds [num_rows] int64) of the rows sampled,
+        `repeat` rows per request: zeros (greedy) without sampling or with greedy drafts."""
+        if self.sampling is None or self.config.draft_sampling == "greedy":
+            temperature = torch.zeros(num_rows, dtype=torch.float32, device=device)
+            return temperature, torch.zeros(num_rows, dtype=torch.int64, device=device)
+        temperature = self.sampling.temperature.repeat_interleave(repeat)
+        # Not > 0 (negative, NaN: out of contract) samples greedily, as 0 does.
+        return torch.where(temperature > 0, temperature, 0.0), self.sampling.seeds.repeat_interleave(repeat)
+
     def step(self, logits, state: StepState, step_index: torch.Tensor | None):
         """Draft token of one step: the fed token's position + 1 keys its noise."""
         return self(logits, first_row(state.positions) + 1, step_index)
+
+
+def sample_per_request(config: SpeculativeConfig, sampling: SamplingParams | None, logits, token_positions,
+                       num_reqs: int, vocab_size: int) -> DraftOutput:  # fmt: skip
+    """K drafts per request in one call (parallel drafting, a block drafter's block):
+    logits [B * K, V] request-major, token_positions [B * K] (each draft's own
+    position keys its noise); the [B, K, V] buffer is filled as B * K requests of one
+    step each."""
+    k = logits.shape[0] // num_reqs
+    sample = DraftSampler(config, sampling, allocate_draft_probs(config, vocab_size, num_reqs, logits.device))
+    as_rows = None if sample.probs is None else sample.probs.view(num_reqs * k, 1, -1)
+    step = step_counter(sample.probs, 0, logits.device)
+    tokens = sample(logits, token_positions, step, repeat=k, probs=as_rows)
+    return DraftOutput(tokens.view(num_reqs, k), sample.probs)
 
 
 def step_counter(probs: torch.Tensor | None, step: int, device) -> torch.Tensor | None:
