@@ -240,7 +240,7 @@ def compare(name, head, deepspec_model, draft_ops, cache_cls, has_op, gen):
 
 def check_deepspec_reads_ours(head, model_cls, folder, is_gemma):
     """save_block_drafter -> DeepSpec's from_pretrained: the same tensors."""
-    from specdraft.models.block_loading import save_block_drafter
+    from specdraft.models.block_saving import save_block_drafter
 
     save_block_drafter(head, folder)
     config = None

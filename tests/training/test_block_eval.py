@@ -27,7 +27,8 @@ import torch
 
 from specdraft.assets import load_demo_pair
 from specdraft.eval import main
-from specdraft.models.block_loading import load_block_drafter, save_block_drafter
+from specdraft.models.block_loading import load_block_drafter
+from specdraft.models.block_saving import save_block_drafter
 from specdraft.testing import CompileCounts, fresh_compile
 from specdraft.training import (
     DSPARK_LOSS,

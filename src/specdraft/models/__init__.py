@@ -5,7 +5,8 @@ tiny target model, and loading from local HF-format folders."""
 
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.models.attention import paged_attention
-from specdraft.models.block_loading import load_block_drafter, save_block_drafter
+from specdraft.models.block_loading import load_block_drafter
+from specdraft.models.block_saving import save_block_drafter
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import (
     BlockConfig,
