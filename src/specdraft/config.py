@@ -31,6 +31,9 @@ class SpeculativeConfig:
     parallel_drafting / parallel_drafting_token_id: draft all K tokens in one pass
         (the K - 1 extra slots carry this token id).
     salt: keeps the draft noise stream apart from the target's.
+    return_token_probs: also return the draft's probability of each drafted token,
+        [B, K] fp32 (softmax(logits / T) at the token; T = 1 for greedy rows): the
+        survival estimate budgeted verification ranks positions by.
     """
 
     method: str = "eagle"
@@ -42,6 +45,7 @@ class SpeculativeConfig:
     parallel_drafting: bool = False
     parallel_drafting_token_id: int | None = None
     salt: int = 0
+    return_token_probs: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -63,6 +67,8 @@ class SpeculativeConfig:
             raise ValueError(f"parallel_drafting_token_id must be a non-negative int, got {token!r}")
         if isinstance(self.salt, bool) or not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
             raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
+        if not isinstance(self.return_token_probs, bool):
+            raise ValueError(f"return_token_probs must be a bool, got {self.return_token_probs!r}")
 
 
 @dataclass

@@ -15,13 +15,15 @@ from typing import NamedTuple
 import torch
 
 from specdraft.config import SamplingParams
+from specdraft.layout import BatchMetadata
 from specdraft.models import default_aux_layers
 from specdraft.models.heads.block import BlockConfig
 
 from . import checks
+from .budget import check_budget, kept_drafts, packed_windows, survival_from
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
-from .verify import prompt_batch, sample_target, window_batch
+from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
 
 
 class GenerationResult(NamedTuple):
@@ -43,6 +45,8 @@ class Verified(NamedTuple):
     lens: torch.Tensor  # [B] int64: positions of the last tokens, before this pass
     last_tokens: torch.Tensor  # [B] int32, before this pass
     done: torch.Tensor  # [B] bool, before this pass
+    metadata: BatchMetadata | None = None  # a budgeted pass's packed windows (None: K + 1 rows per request)
+    num_drafts: torch.Tensor | None = None  # [B] int32: drafts each request verified (None: K)
 
 
 def num_kv_blocks(num_reqs: int, max_model_len: int, num_speculative_tokens: int, block_size: int) -> int:
@@ -72,7 +76,14 @@ class SpeculativeDecoder:
     (torch.compile(fullgraph=True, dynamic=False)) or a dict of torch.compile options
     (e.g. {"mode": "reduce-overhead"}, {"backend": "aot_eager"}, {"dynamic": None}),
     applied to the iteration (and to its two halves with time_split). The prefill
-    runs eagerly. A compiled iteration is reused by every later run with the same
+    runs eagerly.
+
+    budget: None (every request verifies its K drafts) or an int >= 0, the most drafts
+    verified per iteration over the whole batch: each iteration keeps the drafts with
+    the best expected gain (generation/budget.py) and verifies them in a pass of
+    B + min(budget, B * K) rows. Needs a chain or block proposer returning survival
+    estimates (SpeculativeConfig(return_token_probs=True), or a DSpark confidence
+    head). A compiled iteration is reused by every later run with the same
     batch size and the same all-greedy-or-not sampling (max_new_tokens, prompts,
     temperatures and seeds are tensors or host-side values it does not depend on).
 
@@ -91,8 +102,10 @@ class SpeculativeDecoder:
         aux_layers: tuple[int, ...] | None = None,
         compile: bool | dict = False,
         target_kv_caches: list[torch.Tensor] | None = None,
+        budget: int | None = None,
     ) -> None:
         checks.check_target(target)
+        self.budget = check_budget(budget, proposer)
         self.target = target
         self.proposer = proposer
         if proposer is not None:
@@ -197,14 +210,20 @@ class SpeculativeDecoder:
     def draft_after_prefill(self, state: DecodeState, token_ids, positions, draft_hidden, metadata, requests):
         """The draft's first propose, over the prompts, from each request's first token."""
         out = self.proposer.propose(token_ids, positions, draft_hidden, state.last_tokens, metadata, requests.sampling)
-        return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+        return self.with_drafts(state, out)
 
-    def _draft_probs(self, out):
-        return out.draft_probs.contiguous() if self.use_draft_probs else None
+    def with_drafts(self, state: DecodeState, out) -> DecodeState:
+        """The state carrying a propose's drafts (and what verifying them reads)."""
+        probs = out.draft_probs.contiguous() if self.use_draft_probs else None
+        survival = survival_from(out) if self.budget is not None else None
+        return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=probs, survival=survival)
 
     def verify(self, state: DecodeState, requests: Requests) -> tuple[DecodeState, Verified]:
         """The target over [last token, K drafts] of every request, rejection sampling
-        and the commit of what it emitted (plain decoding: [last token] only)."""
+        and the commit of what it emitted (plain decoding: [last token] only; under a
+        budget, `verify_budgeted`)."""
+        if self.budget is not None:
+            return self.verify_budgeted(state, requests)
         width = self.k + 1
         if self.k:
             token_ids = torch.cat([state.last_tokens[:, None], state.drafts], dim=1).reshape(-1)
@@ -219,6 +238,28 @@ class SpeculativeDecoder:
                             state.done)  # fmt: skip
         return commit(state, sampled, counts, requests), verified
 
+    def verify_budgeted(self, state: DecodeState, requests: Requests) -> tuple[DecodeState, Verified]:
+        """The target over each request's last token and the drafts the budget keeps,
+        packed into B + min(budget, B * K) rows (generation/budget.py); rejection
+        sampling of each request's kept drafts, and the commit."""
+        num_reqs = state.lens.shape[0]
+        num_drafts = kept_drafts(state.survival, state.done, requests.budget)
+        num_rows = num_reqs + min(self.budget, num_reqs * self.k)
+        packed = packed_windows(state.last_tokens, state.drafts, state.lens, num_drafts, num_rows,
+                                requests.block_table, self.block_size, self.reach)  # fmt: skip
+        hidden, draft_hidden = self.run_target(packed.token_ids, packed.positions, packed.metadata)
+        logits = self.target.compute_logits(hidden)  # [T, V]
+        if requests.all_greedy:  # the argmax of the packed rows, then per request
+            target = logits.argmax(dim=-1).index_select(0, packed.rows.reshape(-1)).view(num_reqs, -1)
+            sampled, counts = greedy_tokens(target, state.drafts, num_drafts)
+        else:
+            per_request = logits.index_select(0, packed.rows.reshape(-1)).view(num_reqs, self.k + 1, -1)
+            sampled, counts = sample_target(per_request, state.drafts, state.draft_probs, requests, state.lens + 1,
+                                            num_drafts)  # fmt: skip
+        verified = Verified(packed.token_ids, packed.positions, draft_hidden, sampled, counts, state.lens,
+                            state.last_tokens, state.done, packed.metadata, num_drafts)  # fmt: skip
+        return commit(state, sampled, counts, requests, num_drafts), verified
+
     def draft(self, state: DecodeState, verified: Verified, requests: Requests) -> DecodeState:
         """The proposer's padded path over the verified windows: each request samples
         after its last accepted token; rejected tokens stay as padding, and their KV
@@ -227,13 +268,17 @@ class SpeculativeDecoder:
         if self.k == 0:
             return state
         num_reqs = state.lens.shape[0]
-        _, metadata = window_batch(verified.lens, self.k + 1, requests.block_table, self.block_size, self.reach)
-        cu_num_draft_tokens = torch.arange(1, num_reqs + 1, dtype=torch.int32, device=state.lens.device) * self.k
+        if verified.metadata is None:
+            _, metadata = window_batch(verified.lens, self.k + 1, requests.block_table, self.block_size, self.reach)
+            cu_num_draft_tokens = torch.arange(1, num_reqs + 1, dtype=torch.int32, device=state.lens.device) * self.k
+        else:
+            metadata = verified.metadata
+            cu_num_draft_tokens = verified.num_drafts.cumsum(0).to(torch.int32)
         out = self.proposer.propose_padded(
             verified.token_ids, verified.positions, verified.hidden_states, verified.sampled, cu_num_draft_tokens,
             verified.last_tokens, metadata, requests.sampling, discard_request_mask=verified.done,
         )  # fmt: skip
-        return dataclasses.replace(state, drafts=out.draft_tokens.contiguous(), draft_probs=self._draft_probs(out))
+        return self.with_drafts(state, out)
 
     def iteration(self, state: DecodeState, requests: Requests) -> DecodeState:
         """One iteration: verify (target pass, rejection sampling, commit), then draft."""
@@ -262,6 +307,7 @@ class SpeculativeDecoder:
             eos_token_ids=torch.tensor(eos, dtype=torch.int64, device=device),
             sampling=SamplingParams(temperature=temperature.to(device), seeds=seeds.to(device)),
             all_greedy=bool((temperature == 0).all()),
+            budget=None if self.budget is None else torch.tensor(self.budget, dtype=torch.int64, device=device),
         )
         return prompts, requests
 

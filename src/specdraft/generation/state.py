@@ -31,6 +31,8 @@ class Requests:
     all_greedy: every temperature is 0, known on the host before the run. A Python
     bool, so a compiled iteration specialises on it (at most two graphs: greedy
     batches verify with an argmax, mixed ones with the full rejection sampler).
+    budget: 0-dim int64, the drafts verified per iteration over the batch (a budgeted
+    decoder's; None otherwise).
     """
 
     block_table: torch.Tensor
@@ -38,6 +40,7 @@ class Requests:
     eos_token_ids: torch.Tensor
     sampling: SamplingParams
     all_greedy: bool = False
+    budget: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -59,6 +62,10 @@ class DecodeState:
     accepted [K] int64: statistics, how many times draft k (0-based) was accepted,
         summed over the passes in which the request was running.
     passes [B] int64: statistics, verify passes in which each request was running.
+    verified [B] int64: statistics, drafts each request had verified, summed over the
+        passes in which it was running (K per pass, fewer under a budget).
+    survival [B, K] fp32 or None: the survival estimate of each draft (budgeted
+        verification, generation/budget.py; None without a budget).
     """
 
     last_tokens: torch.Tensor
@@ -70,6 +77,8 @@ class DecodeState:
     out_tokens: torch.Tensor
     accepted: torch.Tensor
     passes: torch.Tensor
+    verified: torch.Tensor
+    survival: torch.Tensor | None
 
 
 def owned_copy(state: DecodeState) -> DecodeState:
@@ -104,14 +113,18 @@ def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative
         out_tokens=out,
         accepted=torch.zeros(num_speculative_tokens, dtype=torch.int64, device=device),
         passes=torch.zeros(num_reqs, dtype=torch.int64, device=device),
+        verified=torch.zeros(num_reqs, dtype=torch.int64, device=device),
+        survival=None,
     )
 
 
-def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, requests: Requests) -> DecodeState:
+def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, requests: Requests,
+           num_verified: torch.Tensor | None = None) -> DecodeState:  # fmt: skip
     """Take what a verify pass emitted into the state (drafts left as they were).
 
     tokens [B, R] int32 (the rejection sampler's: accepted drafts, the emitted token,
-    then -1), counts [B] accepted drafts. A running request emits counts + 1 tokens,
+    then -1), counts [B] accepted drafts, num_verified [B] the drafts each request
+    verified (None: every one of state.drafts). A running request emits counts + 1 tokens,
     cut after its EOS and at its limit; it finishes when either cut applies. Finished
     rows keep their state: their window, position and outputs stay as they were.
     """
@@ -144,6 +157,7 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
     k = state.accepted.shape[0]
     steps = torch.arange(k, device=tokens.device)
     accepted_now = active[:, None] & (counts.long()[:, None] > steps[None, :])
+    verified_now = state.drafts.shape[1] if num_verified is None else num_verified.long()
     return dataclasses.replace(
         state,
         last_tokens=last_tokens,
@@ -153,4 +167,5 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
         out_tokens=out_tokens,
         accepted=state.accepted + accepted_now.sum(dim=0),
         passes=state.passes + active.long(),
+        verified=state.verified + torch.where(active, verified_now, 0),
     )

@@ -146,6 +146,8 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         check_tree_shape("tree", tree)
+        if kwargs.get("budget") is not None:
+            raise ValueError("budget: a draft tree verifies all its nodes for now; budget a chain or block drafter")
         if not (isinstance(proposer, Proposer) and proposer.drafts_trees):
             got = type(proposer).__name__
             if isinstance(proposer, Proposer):

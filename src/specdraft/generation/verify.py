@@ -89,26 +89,29 @@ def prompt_batch(prompts: list[torch.Tensor], block_table: torch.Tensor, block_s
     return ids, positions, metadata, cu[1:].long() - 1
 
 
-def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests, first_positions: torch.Tensor):
+def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests, first_positions: torch.Tensor,
+                  num_drafts: torch.Tensor | None = None):  # fmt: skip
     """Rejection-sample one verify pass. logits [B, K + 1, V]; drafts [B, K] (None:
     no drafts, logits [B, 1, V]: the target's own token); draft_probs [B, K, V] or
     None (one-hot drafts); first_positions [B]: the position of row 0's token to
-    sample (the first draft's, or the one token's). Returns (tokens [B, K + 1] int32,
-    accepted counts [B] int32; [B, 1] and zeros without drafts when all greedy).
+    sample (the first draft's, or the one token's); num_drafts [B] int32: the drafts
+    each request verifies (None: all K; a budgeted pass verifies fewer, and rows past
+    them are never read). Returns (tokens [B, K + 1] int32, accepted counts [B]
+    int32; [B, 1] and zeros without drafts when all greedy).
 
     An all-greedy batch (requests.all_greedy, a host-side bool) takes strict greedy
     directly: the rejection sampler's temperature-0 rule, without the noise and
     softmax its other rows need, which are most of what Inductor would otherwise
     generate and compile for an iteration."""
     if requests.all_greedy:
-        return strict_greedy(logits, drafts)
+        return strict_greedy(logits, drafts, num_drafts)
     num_reqs = logits.shape[0]
     if drafts is None:
         # One dummy draft that is never read (zero drafts): row 0 emits, row 1 pads.
         drafts = torch.full((num_reqs, 1), -1, dtype=torch.int32, device=logits.device)
         num_drafts = torch.zeros(num_reqs, dtype=torch.int32, device=logits.device)
         logits = torch.cat([logits, torch.zeros_like(logits)], dim=1)
-    else:
+    elif num_drafts is None:
         num_drafts = torch.full((num_reqs,), drafts.shape[1], dtype=torch.int32, device=logits.device)
     sampling = requests.sampling
     return rejection_sample(
@@ -122,16 +125,24 @@ def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests,
     )
 
 
-def strict_greedy(logits: torch.Tensor, drafts: torch.Tensor | None):
+def strict_greedy(logits: torch.Tensor, drafts: torch.Tensor | None, num_drafts: torch.Tensor | None = None):
     """rejection_sample at temperature 0: accept draft j while it equals the target's
-    argmax of row j; emit the argmax of the first row not accepted (the recovered or
-    bonus token); -1 after it. logits [B, R, V], drafts [B, R - 1] or None (R = 1)."""
-    target = logits.argmax(dim=-1)  # [B, R]
+    argmax of row j (and j < num_drafts[b], when given); emit the argmax of the first
+    row not accepted (the recovered or bonus token); -1 after it. logits [B, R, V],
+    drafts [B, R - 1] or None (R = 1)."""
+    return greedy_tokens(logits.argmax(dim=-1), drafts, num_drafts)
+
+
+def greedy_tokens(target: torch.Tensor, drafts: torch.Tensor | None, num_drafts: torch.Tensor | None = None):
+    """strict_greedy from the target's argmax per row, target [B, R] (a budgeted pass
+    takes the argmax over its packed rows first, then gathers it per request)."""
     if drafts is None:
         return target.to(torch.int32), torch.zeros(target.shape[0], dtype=torch.int32, device=target.device)
-    num_drafts = drafts.shape[1]
-    match = drafts.long() == target[:, :num_drafts]
+    k = drafts.shape[1]
+    match = drafts.long() == target[:, :k]
+    if num_drafts is not None:
+        match = match & (torch.arange(k, device=target.device)[None, :] < num_drafts[:, None])
     counts = match.long().cumprod(dim=1).sum(dim=1)
-    rows = torch.arange(num_drafts + 1, device=target.device)
+    rows = torch.arange(k + 1, device=target.device)
     tokens = torch.where(rows[None, :] <= counts[:, None], target, -1)
     return tokens.to(torch.int32), counts.to(torch.int32)

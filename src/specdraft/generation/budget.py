@@ -1,0 +1,137 @@
+"""Budgeted verification: each iteration verifies the drafted positions that pay off
+best over the whole batch, up to a budget, instead of K per request.
+
+- **Survival estimate** of draft j of request r, s[r, j]: DSpark's confidence head
+  (sigmoid of its logit), otherwise the draft's own probability of the token it drafted
+  (SpeculativeConfig.return_token_probs). The expected gain of verifying position j is
+  the product s[r, 0] * ... * s[r, j]: the chance every draft up to j is accepted.
+- **Allocation**: the `budget` best positions of the batch by that gain (ops.budget_keep:
+  ties go to the lower position, so a kept draft always has its predecessors kept). A
+  request keeps a prefix of its drafts, possibly none (it decodes plainly that
+  iteration); a finished request keeps none.
+- **The verify pass** packs what was kept: request r sends its last token and its
+  kept drafts, n_r = 1 + kept_r rows, one after the other, into a batch of B + budget
+  rows (a Python int: one compiled graph per batch size and budget); the rows past the
+  last request are padding (no KV write, no request). The rejection sampler verifies
+  kept_r drafts of request r, and the draft pass reads the same packed windows.
+
+Verifying a prefix of a draft is lossless, so greedy output stays the target's own and
+sampled output keeps the target's distribution whatever the budget. A budget of at
+least B * K keeps every draft of every running request: today's fixed-K iteration,
+token for token.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
+
+from .verify import slots_of
+
+
+class PackedWindows(NamedTuple):
+    """A verify pass over kept drafts, packed (see the module doc).
+
+    token_ids [T] int32 and positions [T] int64 (padding rows: token 0, position 0);
+    metadata: BatchMetadata of the packed windows (query_start_loc [B + 1]: the last
+    entry is the used rows, not T; padding rows write to PADDING_SLOT_ID);
+    rows [B, K + 1] int64: the packed row of (request, window offset), clamped into
+    [0, T) past a request's window (those rows are never read);
+    num_drafts [B] int32: the drafts each request verifies."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: BatchMetadata
+    rows: torch.Tensor
+    num_drafts: torch.Tensor
+
+
+def survival_from(out) -> torch.Tensor | None:
+    """[B, K] fp32 survival estimates of a proposer's output: DSpark's confidence
+    logits through a sigmoid where the head has them, else the drafted tokens'
+    probabilities (None when the proposer returned neither)."""
+    confidence = getattr(out, "confidence_logits", None)
+    if confidence is not None:
+        return torch.sigmoid(confidence.float())
+    token_probs = getattr(out, "token_probs", None)
+    return None if token_probs is None else token_probs.float()
+
+
+def expected_gains(survival: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """[B, K] fp32: the probability that drafts 0 .. j of request r are all accepted
+    (cumulative product of the survival estimates, each clamped to [0, 1], NaN read as
+    0), or -1 (never verified) for a finished request."""
+    rates = torch.nan_to_num(survival.float(), nan=0.0).clamp(0.0, 1.0)
+    return torch.where(done[:, None], -1.0, rates.cumprod(dim=1))
+
+
+def kept_drafts(survival: torch.Tensor, done: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """[B] int32: how many drafts each request verifies this iteration."""
+    gains = expected_gains(survival, done)
+    depths = torch.arange(gains.shape[1], dtype=torch.int32, device=gains.device).expand_as(gains)
+    return budget_keep_counts(gains, depths.contiguous(), budget)
+
+
+def budget_keep_counts(gains, depths, budget):  # TEMPORARY until ops.budget_keep lands
+    num_reqs, n = gains.shape
+    flat = gains.reshape(-1)
+    eligible = flat >= 0
+    idx = torch.arange(flat.shape[0], device=flat.device)
+    key_rest = depths.reshape(-1).long() * flat.shape[0] + idx
+    order = torch.argsort(key_rest, stable=True)
+    order = order[torch.argsort(-torch.where(eligible, flat, -1.0)[order], stable=True)]
+    rank = torch.empty_like(order)
+    rank[order] = idx
+    keep = eligible & (rank < budget.clamp(min=0))
+    return keep.view(num_reqs, n).sum(1).to(torch.int32)
+
+
+def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_table, block_size: int,
+                   max_seq_len: int) -> PackedWindows:  # fmt: skip
+    """Request r's window [last token, drafts 0 .. num_drafts[r] - 1] at positions
+    lens[r] .. lens[r] + num_drafts[r], packed one request after the other into
+    num_rows rows (>= B + num_drafts.sum(); a Python int, the pass's static size)."""
+    num_reqs, width = drafts.shape[0], drafts.shape[1] + 1
+    device = lens.device
+    window_lens = num_drafts.long() + 1
+    ends = window_lens.cumsum(0)
+    starts = ends - window_lens
+    row = torch.arange(num_rows, device=device)
+    owner = window_of(row, ends)  # B for padding rows
+    real = owner < num_reqs
+    request = owner.clamp(max=num_reqs - 1)
+    offset = (row - starts.index_select(0, request)).clamp(0, width - 1)
+    grid = torch.cat([last_tokens[:, None], drafts], dim=1)  # [B, K + 1]
+    token_ids = torch.where(real, grid[request, offset], 0).to(torch.int32)
+    positions = torch.where(real, lens.index_select(0, request) + offset, 0)
+    slots = slots_of(positions, request, block_table, block_size)
+    metadata = BatchMetadata(
+        query_start_loc=torch.cat([ends.new_zeros(1), ends]).to(torch.int32),
+        seq_lens=(lens + window_lens).to(torch.int32),
+        block_table=block_table,
+        slot_mapping=torch.where(real, slots, PADDING_SLOT_ID),
+        max_query_len=width,
+        max_seq_len=max_seq_len,
+    )
+    rows = (starts[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=num_rows - 1)
+    return PackedWindows(token_ids, positions, metadata, rows, num_drafts.to(torch.int32))
+
+
+def check_budget(budget, proposer) -> int | None:
+    """The decoder's budget argument: None (verify every draft: fixed K) or an int >= 0,
+    the most drafts verified per iteration over the batch. Needs a proposer that
+    returns survival estimates (TreeSpeculativeDecoder refuses a budget itself)."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(f"budget: an int >= 0 (drafts verified per iteration over the batch) or None, got {budget!r}")
+    if proposer is None:
+        raise ValueError("budget: plain decoding (no proposer) has no drafts to budget")
+    confidence = getattr(getattr(proposer, "model", None), "confidence_head", None) is not None
+    if not (confidence or proposer.config.return_token_probs):
+        raise ValueError(
+            "budget: the proposer returns no survival estimates; build it with "
+            "SpeculativeConfig(return_token_probs=True) (or a DSpark head with a confidence head)"
+        )
+    return budget
