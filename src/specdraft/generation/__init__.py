@@ -58,6 +58,7 @@ def generate(
     compile: bool | dict = False,
     time_split: bool = False,
     progress: bool = False,
+    budget: int | None = None,
 ) -> GenerationResult:
     """Generate for a batch of prompts with `target`, speculatively when `proposer`
     is given (plain target decoding when it is None).
@@ -87,13 +88,21 @@ def generate(
     time_split: run each iteration as two calls (verify, draft) timed apart, which
         fills stats.verify_time_s / draft_time_s; off, an iteration is one call.
     progress: show a tqdm bar of generated tokens.
+    budget: None (every request verifies K drafts) or the most drafts verified per
+        iteration over the batch, the ones of best expected gain (SpeculativeDecoder).
 
     Returns GenerationResult(tokens: list of 1-D int32 CPU tensors, stats:
     GenerationStats (see there for the definition of every statistic)). For
     repeated runs keep a SpeculativeDecoder (its compiled iteration is reused).
     """
     decoder = SpeculativeDecoder(
-        target, proposer, max_model_len=max_model_len, block_size=block_size, aux_layers=aux_layers, compile=compile
+        target,
+        proposer,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        aux_layers=aux_layers,
+        compile=compile,
+        budget=budget,
     )
     return decoder.generate(
         prompts, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos_token_id,

@@ -332,6 +332,7 @@ class SpeculativeDecoder:
         start = clock()
         state = self.prefill(prompts, requests)
         flags = host_flags(state)
+        trace = [flags[2:]]
         timings.prefill = clock() - start
         bar = progress_bar(progress, int(requests.limits.sum()), int(flags[1].sum()))
         if time_split:
@@ -358,6 +359,7 @@ class SpeculativeDecoder:
             timings.iterations += 1
             before = int(flags[1].sum())
             flags = host_flags(state)
+            trace.append(flags[2:])
             if bar is not None:
                 bar.update(int(flags[1].sum()) - before)
         timings.decode = clock() - decode_start
@@ -366,7 +368,7 @@ class SpeculativeDecoder:
         out = state.out_tokens.cpu()
         counts = flags[1].tolist()  # flags is host_flags' host copy: no device sync here
         tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
-        return GenerationResult(tokens, build_stats(state, timings))
+        return GenerationResult(tokens, build_stats(state, timings, trace))
 
 
 def target_num_kv_layers(target) -> int:
@@ -374,8 +376,9 @@ def target_num_kv_layers(target) -> int:
 
 
 def host_flags(state: DecodeState) -> torch.Tensor:
-    """The one device-to-host copy per iteration: [2, B] int64 (done, num_generated)."""
-    return torch.stack([state.done.long(), state.num_generated]).cpu()
+    """The one device-to-host copy per iteration: [4, B] int64 (done, num_generated,
+    and the statistics' verified and accepted drafts so far)."""
+    return torch.stack([state.done.long(), state.num_generated, state.verified, state.accepted_drafts]).cpu()
 
 
 def progress_bar(enabled: bool | str, total: int, initial: int):

@@ -64,6 +64,8 @@ class DecodeState:
     passes [B] int64: statistics, verify passes in which each request was running.
     verified [B] int64: statistics, drafts each request had verified, summed over the
         passes in which it was running (K per pass, fewer under a budget).
+    accepted_drafts [B] int64: statistics, drafts each request had accepted, summed
+        likewise (before any cut at EOS or its limit, as `accepted`).
     survival [B, K] fp32 or None: the survival estimate of each draft (budgeted
         verification, generation/budget.py; None without a budget).
     """
@@ -78,6 +80,7 @@ class DecodeState:
     accepted: torch.Tensor
     passes: torch.Tensor
     verified: torch.Tensor
+    accepted_drafts: torch.Tensor
     survival: torch.Tensor | None
 
 
@@ -114,6 +117,7 @@ def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative
         accepted=torch.zeros(num_speculative_tokens, dtype=torch.int64, device=device),
         passes=torch.zeros(num_reqs, dtype=torch.int64, device=device),
         verified=torch.zeros(num_reqs, dtype=torch.int64, device=device),
+        accepted_drafts=torch.zeros(num_reqs, dtype=torch.int64, device=device),
         survival=None,
     )
 
@@ -168,4 +172,5 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
         accepted=state.accepted + accepted_now.sum(dim=0),
         passes=state.passes + active.long(),
         verified=state.verified + torch.where(active, verified_now, 0),
+        accepted_drafts=state.accepted_drafts + torch.where(active, counts.long(), 0),
     )

@@ -43,6 +43,12 @@ class GenerationStats:
     accepted_sibling_rank [topk] int64 (draft trees, else None): accepted tree nodes
         by their rank among their siblings (0: the draft's likeliest child); with a
         tree, accepted_per_position counts passes per accepted depth.
+    verified_per_request, accepted_per_request [B] int64: drafts each request had
+        verified and accepted over its passes (K per pass without a budget; a tree:
+        its N - 1 nodes).
+    iteration_verified, iteration_accepted [I, B] int64: the same, per iteration
+        (I = num_verify_passes; 0 for a finished request), read with the one host copy
+        each iteration makes anyway.
     """
 
     num_generated: torch.Tensor
@@ -60,6 +66,10 @@ class GenerationStats:
     tokens_per_s: torch.Tensor
     decode_tokens_per_s: torch.Tensor
     accepted_sibling_rank: torch.Tensor | None = None
+    verified_per_request: torch.Tensor | None = None
+    accepted_per_request: torch.Tensor | None = None
+    iteration_verified: torch.Tensor | None = None
+    iteration_accepted: torch.Tensor | None = None
 
 
 @dataclass
@@ -87,7 +97,9 @@ def _f64(x: float) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float64)
 
 
-def build_stats(state: DecodeState, timings: Timings) -> GenerationStats:
+def build_stats(state: DecodeState, timings: Timings, trace: list[torch.Tensor] | None = None) -> GenerationStats:
+    """trace: the host copies of (verified, accepted) totals [2, B], one before the
+    first iteration and one after each."""
     num_generated = state.num_generated.cpu()
     passes = state.passes.cpu()
     accepted = state.accepted.cpu()
@@ -111,4 +123,15 @@ def build_stats(state: DecodeState, timings: Timings) -> GenerationStats:
         tokens_per_s=num_generated.sum().double() / total_time,
         decode_tokens_per_s=(num_generated - 1).clamp(min=0).sum().double() / timings.decode,
         accepted_sibling_rank=None if getattr(state, "sibling_ranks", None) is None else state.sibling_ranks.cpu(),
+        verified_per_request=state.verified.cpu(),
+        accepted_per_request=state.accepted_drafts.cpu(),
+        **per_iteration(trace, passes.shape[0]),
     )
+
+
+def per_iteration(trace: list[torch.Tensor] | None, num_reqs: int) -> dict:
+    if not trace:
+        empty = torch.zeros(0, num_reqs, dtype=torch.int64)
+        return {"iteration_verified": empty, "iteration_accepted": empty}
+    steps = torch.stack(trace).diff(dim=0)  # [I, 2, B]
+    return {"iteration_verified": steps[:, 0], "iteration_accepted": steps[:, 1]}

@@ -1,0 +1,205 @@
+"""Budgeted verification (generation/budget.py) is lossless and, unlimited, is the
+fixed-K iteration:
+
+- greedy: for every chain and block proposer and budgets that cut through the drafts
+  (0, 1, 5 drafts per iteration for 4 requests of K = 3), the output equals the
+  target's own greedy decoding (the plain-loop oracle, specs.generate), and no
+  iteration verifies more drafts than the budget;
+- a budget of B * K or more equals today's fixed-K decoder token for token, accept
+  count for accept count, greedy and sampled;
+- sampled: the first three tokens of 2,000 requests follow the exact joint
+  distribution (chi-square, as tests/generation/test_sampling.py) with a budget of
+  about half the drafts, and a broken rejection sampler fails the same test;
+- the budgeted iteration compiles whole (fullgraph, no break, no recompile)."""
+
+import pytest
+import torch
+
+import specdraft.generation.verify as verify_module
+from specdraft.config import SamplingParams
+from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
+from specdraft.tree_shape import TreeShape
+
+from fixtures.compiled_generate import assert_compiled_runs_equal
+from specs.generate import chi_square_pvalue, greedy_decode, sequence_distribution
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2], list(range(10, 28)), [6, 5, 3]]
+MAX_NEW = [6, 11, 10, 8]
+MAX_MODEL_LEN = 24
+K = 3
+CHAIN_KINDS = ("eagle", "mtp", "multi_layer", "autoregressive")
+BLOCK_KINDS = ("dflash", "dspark-rnn-confidence", "dspark-gated")
+SURVIVAL = {"return_token_probs": True}
+PROBABILISTIC = {"draft_sampling": "probabilistic", "return_probs": "probs", **SURVIVAL}
+
+
+@pytest.fixture(scope="module")
+def chain_target(build):
+    target = build.make_target(num_layers=1, seed=2, unit_embeddings=True)
+    want = [greedy_decode(target, p, n, max_model_len=MAX_MODEL_LEN) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    return target, want
+
+
+@pytest.fixture(scope="module")
+def block_target(build):
+    target = build.make_target(num_layers=2, seed=6, context_weight=0.05)
+    want = [greedy_decode(target, p, n, max_model_len=MAX_MODEL_LEN) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    return target, want
+
+
+def proposer_for(build, kind, target, **config):
+    return build.make_proposer(kind, target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1, **config)
+
+
+def check_budget_held(stats, budget):
+    """No iteration verified more drafts than the budget, and the totals add up."""
+    per_iteration = stats.iteration_verified.sum(dim=1)
+    assert int(per_iteration.max()) <= budget, per_iteration
+    assert torch.equal(stats.iteration_verified.sum(0), stats.verified_per_request)
+    assert torch.equal(stats.iteration_accepted.sum(0), stats.accepted_per_request)
+    assert int(stats.accepted_per_request.sum()) == int(stats.accepted_per_position.sum())
+    assert bool((stats.accepted_per_request <= stats.verified_per_request).all())
+
+
+@pytest.mark.parametrize("budget", [0, 1, 5])
+@pytest.mark.parametrize("kind", CHAIN_KINDS + BLOCK_KINDS)
+def test_greedy_equals_oracle(build, chain_target, block_target, kind, budget):
+    target, want = block_target if kind in BLOCK_KINDS else chain_target
+    decoder = SpeculativeDecoder(target, proposer_for(build, kind, target, **SURVIVAL), budget=budget)
+    got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in got.tokens] == want
+    check_budget_held(got.stats, budget)
+    if budget == 0:
+        assert int(got.stats.verified_per_request.sum()) == 0  # plain decoding
+    else:
+        assert int(got.stats.accepted_per_request.sum()) > 0  # drafts do get verified and accepted
+
+
+SAMPLING = SamplingParams(torch.tensor([0.0, 0.8, 1.2, 0.5]), torch.tensor([1, 2, 3, 4]))
+
+
+@pytest.mark.parametrize("sampling", [None, SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("kind", ["eagle", "dspark-rnn-confidence"])
+def test_unlimited_budget_is_fixed_k(build, chain_target, block_target, kind, sampling):
+    """A budget of B * K keeps every draft of every running request: the same tokens
+    and the same accept counts as the decoder without a budget, sampled rows
+    included (the rejection sampler reads the packed rows' logits)."""
+    target, _ = block_target if kind in BLOCK_KINDS else chain_target
+    run = {"max_new_tokens": MAX_NEW, "sampling": sampling}
+    want = SpeculativeDecoder(target, proposer_for(build, kind, target, **PROBABILISTIC)).generate(PROMPTS, **run)
+    budgeted = SpeculativeDecoder(target, proposer_for(build, kind, target, **PROBABILISTIC), budget=len(PROMPTS) * K)
+    got = budgeted.generate(PROMPTS, **run)
+    assert [t.tolist() for t in got.tokens] == [t.tolist() for t in want.tokens]
+    assert torch.equal(got.stats.accepted_per_position, want.stats.accepted_per_position)
+    assert torch.equal(got.stats.request_passes, want.stats.request_passes)
+    assert torch.equal(got.stats.verified_per_request, want.stats.verified_per_request)
+    assert torch.equal(got.stats.verified_per_request, K * want.stats.request_passes)
+
+
+def test_budget_keeps_the_likeliest_drafts(build, chain_target):
+    """With 1 draft per iteration for 4 requests, the draft verified is each time one
+    the draft model is sure of: the accept rate beats verifying everything."""
+    target, _ = chain_target
+    full = SpeculativeDecoder(target, proposer_for(build, "eagle", target, **SURVIVAL)).generate(
+        PROMPTS, max_new_tokens=MAX_NEW
+    )
+    tight = SpeculativeDecoder(target, proposer_for(build, "eagle", target, **SURVIVAL), budget=2).generate(
+        PROMPTS, max_new_tokens=MAX_NEW
+    )
+    rate = lambda s: s.accepted_per_request.sum() / s.verified_per_request.sum()  # noqa: E731
+    assert float(rate(tight.stats)) > float(rate(full.stats))
+
+
+# ------------------------------------------------------------------ sampled
+
+VOCAB = 8
+PER_GROUP = 1000
+GROUPS = (([1, 2, 3, 4], 0.8), ([5, 6], 1.5))  # (prompt, temperature)
+NUM_TOKENS = 3
+
+
+@pytest.fixture(scope="module")
+def sampled_setup(build):
+    target = build.make_target(num_layers=2, vocab=VOCAB, seed=3, logit_scale=3.0)
+    joints = [sequence_distribution(target, prompt, temp, NUM_TOKENS) for prompt, temp in GROUPS]
+    prompts = [prompt for prompt, _ in GROUPS for _ in range(PER_GROUP)]
+    temperature = torch.tensor([temp for _, temp in GROUPS for _ in range(PER_GROUP)], dtype=torch.float32)
+    seeds = torch.arange(len(prompts), dtype=torch.int64) * 7919 + 13
+    return target, joints, prompts, SamplingParams(temperature=temperature, seeds=seeds)
+
+
+def sampled_pvalues(build, setup, kind, budget):
+    target, joints, prompts, sampling = setup
+    proposer = build.make_proposer(kind, target, 2, max_model_len=16, max_reqs=len(prompts), **PROBABILISTIC)
+    result = SpeculativeDecoder(target, proposer, budget=budget).generate(
+        prompts, max_new_tokens=NUM_TOKENS, sampling=sampling
+    )
+    samples = torch.stack(result.tokens)
+    groups = [samples[g * PER_GROUP : (g + 1) * PER_GROUP] for g in range(len(joints))]
+    return result, [chi_square_pvalue(s, j) for s, j in zip(groups, joints, strict=True)]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "dspark-vanilla-confidence"])
+def test_sampled_equals_target_distribution(build, sampled_setup, kind):
+    budget = len(sampled_setup[2])  # one draft per request on average, of K = 2
+    result, p = sampled_pvalues(build, sampled_setup, kind, budget)
+    assert min(p) > 1e-3, p
+    stats = result.stats
+    check_budget_held(stats, budget)
+    assert 0 < int(stats.verified_per_request.sum()) < 2 * int(stats.request_passes.sum())  # the budget cut
+    assert int(stats.accepted_per_request.sum()) > 0.05 * int(stats.request_passes.sum())
+
+
+def test_broken_rejection_sampling_fails(build, sampled_setup, monkeypatch):
+    real = verify_module.rejection_sample
+
+    def accept_every_draft(drafts, num_drafts, draft_probs, logits, *args, **kwargs):
+        forced = logits.clone()
+        forced[:, : drafts.shape[1]].scatter_(2, drafts.long().clamp(min=0)[..., None], 1e4)
+        return real(drafts, num_drafts, draft_probs, forced, *args, **kwargs)
+
+    monkeypatch.setattr(verify_module, "rejection_sample", accept_every_draft)
+    _, p = sampled_pvalues(build, sampled_setup, "eagle", len(sampled_setup[2]))
+    assert min(p) < 1e-6, p
+
+
+# ------------------------------------------------------------------ compile, bad input
+
+
+def test_budgeted_iteration_compiles(build, chain_target):
+    """fullgraph, no break, one compile for the run and none for a second run, equal
+    to the eager run; greedy and sampled rows in one batch."""
+    target, _ = chain_target
+    run = {"max_new_tokens": MAX_NEW, "sampling": SAMPLING}
+    want = SpeculativeDecoder(target, proposer_for(build, "eagle", target, **PROBABILISTIC), budget=5).generate(
+        PROMPTS, **run
+    )
+    torch._dynamo.reset()
+    compiled = SpeculativeDecoder(
+        target, proposer_for(build, "eagle", target, **PROBABILISTIC), budget=5, compile={"backend": "aot_eager"}
+    )
+    assert_compiled_runs_equal(want, compiled, PROMPTS, run)
+
+
+@pytest.mark.parametrize(
+    ("budget", "config", "match"),
+    [
+        (-1, SURVIVAL, "budget: an int >= 0"),
+        (True, SURVIVAL, "budget: an int >= 0"),
+        (2.0, SURVIVAL, "budget: an int >= 0"),
+        (4, {}, "return_token_probs=True"),
+    ],
+)
+def test_bad_budget(build, chain_target, budget, config, match):
+    target, _ = chain_target
+    with pytest.raises(ValueError, match=match):
+        SpeculativeDecoder(target, proposer_for(build, "eagle", target, **config), budget=budget)
+
+
+def test_budget_needs_drafts_and_a_chain(build, chain_target):
+    target, _ = chain_target
+    with pytest.raises(ValueError, match="budget: plain decoding"):
+        SpeculativeDecoder(target, None, max_model_len=MAX_MODEL_LEN, budget=4)
+    proposer = proposer_for(build, "eagle", target, **SURVIVAL)
+    with pytest.raises(ValueError, match="budget: a draft tree"):
+        TreeSpeculativeDecoder(target, proposer, TreeShape(2, 2, 4), budget=4)
