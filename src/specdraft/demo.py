@@ -90,6 +90,11 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
         "tokens (root included), e.g. 4,4,16; or auto: tree, chain or none by batch size, from the measured "
         "table (specdraft.generation.draft_choice)",
     )  # fmt: skip
+    parser.add_argument(
+        "--budget", metavar="N|auto", help="verify at most N drafts per iteration over the batch, those of best "
+        "expected gain (budgeted verification; chains and blocks); auto: the budget with the most expected tokens "
+        "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding)",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
     parser.add_argument("--no-compile", action="store_true", help="run the iterations eagerly")
@@ -118,6 +123,7 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
     if args.k is not None and not 1 <= args.k <= args.max_new_tokens - 1:
         parser.error(f"--k must be in [1, {args.max_new_tokens - 1}] (--max-new-tokens - 1: a run keeps at most "
                      f"that many drafts), got {args.k}")  # fmt: skip
+    check_budget_flag(parser, args)
     if args.drafter in BLOCK_DRAFTERS:
         check_block_drafter(parser, args)
         return args
@@ -129,6 +135,21 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
     if tree is not None:
         args.tree = tree_shape(parser, args.tree, tree)
     return args
+
+
+def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--budget: an int >= 0 or auto, and not with --tree (trees verify every node)."""
+    if args.budget is None:
+        return
+    if args.tree is not None:
+        parser.error(f"--budget with --tree {args.tree}: a draft tree verifies all its nodes (budget a chain)")
+    if args.budget != "auto":
+        try:
+            args.budget = int(args.budget)
+        except ValueError:
+            parser.error(f"--budget must be auto or an int >= 0, got {args.budget!r}")
+        if args.budget < 0:
+            parser.error(f"--budget must be auto or an int >= 0, got {args.budget}")
 
 
 def shipped_block_size(parser: argparse.ArgumentParser, drafter: str) -> int:
@@ -192,10 +213,11 @@ def compile_options(device: str, enabled: bool):
 
 
 def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None,
-                   drafter: str = "eagle3"):  # fmt: skip
+                   drafter: str = "eagle3", budget=None):  # fmt: skip
     """(plain, speculative) decoders over the shipped target and `drafter`, for
     batches of up to num_prompts prompts; with tree (a TreeShape; EAGLE-3 only), the
-    speculative one drafts trees."""
+    speculative one drafts trees; with budget (an int or a StepCosts table; chains
+    and blocks), it verifies a budget of drafts per iteration (SpeculativeDecoder)."""
     from specdraft.assets import load_demo_pair
     from specdraft.config import SpeculativeConfig
     from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
@@ -206,7 +228,7 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
     block = drafter in BLOCK_DRAFTERS
     config = SpeculativeConfig(
         method="block" if block else "eagle3", num_speculative_tokens=k, max_model_len=max_model_len,
-        block_size=BLOCK_SIZE,
+        block_size=BLOCK_SIZE, return_token_probs=budget is not None,
     )  # fmt: skip
     reach = k if tree is None else tree.num_verify_tokens - 1  # KV positions a verify pass writes past a request
     caches = head.allocate_kv_caches(num_kv_blocks(num_prompts, max_model_len, reach, BLOCK_SIZE), BLOCK_SIZE)
@@ -214,7 +236,7 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
     plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=compile)
     if tree is not None:
         return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile)
-    return plain, SpeculativeDecoder(target, proposer, compile=compile)
+    return plain, SpeculativeDecoder(target, proposer, compile=compile, budget=budget)
 
 
 def encode(texts) -> list[list[int]]:
@@ -346,7 +368,18 @@ def run_demo(args: argparse.Namespace) -> int:
     prompts = encode(texts)
     if args.tree == "auto":
         choose_drafts(args, len(prompts))
-    plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter)
+    budget = args.budget
+    if budget == "auto":
+        from specdraft.generation.step_costs import choose_budget, demo_pair_costs
+
+        budget = demo_pair_costs()
+        if budget.k != args.k:
+            raise ValueError(f"--budget auto: the demo pair's step costs were measured at K = {budget.k} (pass --k "
+                             f"{budget.k})")  # fmt: skip
+        print(f"--budget auto: at B = {len(prompts)} the measured step costs pick a budget of "
+              f"{choose_budget(len(prompts), budget)} drafts per iteration ({budget.device})")  # fmt: skip
+    plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter,
+                                 budget=budget)  # fmt: skip
     k = args.k if args.tree is None else args.tree.depth
     how = "eager"
     if compile is not False:
@@ -355,7 +388,7 @@ def run_demo(args: argparse.Namespace) -> int:
     name = DRAFTERS[args.drafter]
     print(f"specdraft demo: {name} speculative decoding with the shipped byte-level pair")
     drafts = (
-        f"K = {args.k}"
+        f"K = {args.k}" + ("" if args.budget is None else f", budget {args.budget}")
         if args.tree is None
         else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens")
     )
@@ -381,6 +414,7 @@ def run_demo(args: argparse.Namespace) -> int:
     total = sum(len(t) for t in plain_out.tokens)
     record = {
         "drafter": args.drafter, "device": str(device), "compiled": compile is not False, "k": k,
+        "budget": None if budget is None else spec.budget,
         "tree": None if args.tree is None else [args.tree.depth, args.tree.topk, args.tree.num_verify_tokens],
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "tokens": total,
         "greedy_identical": diff is None,
@@ -403,7 +437,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
         if args.tree is None:
-            eager = SpeculativeDecoder(spec.target, spec.proposer)
+            eager = SpeculativeDecoder(spec.target, spec.proposer, budget=budget)
         else:
             eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree)
         seeds = torch.arange(args.seed, args.seed + len(prompts))

@@ -27,6 +27,7 @@ import torch
 
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
 
+from .step_costs import StepCosts
 from .verify import slots_of
 
 
@@ -118,14 +119,22 @@ def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_t
     return PackedWindows(token_ids, positions, metadata, rows, num_drafts.to(torch.int32))
 
 
-def check_budget(budget, proposer) -> int | None:
-    """The decoder's budget argument: None (verify every draft: fixed K) or an int >= 0,
-    the most drafts verified per iteration over the batch. Needs a proposer that
+def check_budget(budget, proposer):
+    """The decoder's budget argument: None (verify every draft: fixed K), an int >= 0
+    (the most drafts verified per iteration over the batch) or a StepCosts table (the
+    budget chosen per run by `step_costs.choose_budget`). Needs a proposer that
     returns survival estimates (TreeSpeculativeDecoder refuses a budget itself)."""
     if budget is None:
         return None
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ValueError(f"budget: an int >= 0 (drafts verified per iteration over the batch) or None, got {budget!r}")
+    if isinstance(budget, StepCosts):
+        if proposer is not None and budget.k != proposer.num_speculative_tokens:
+            raise ValueError(f"budget: the table was measured with k = {budget.k}, the proposer drafts "
+                             f"{proposer.num_speculative_tokens}")  # fmt: skip
+    elif isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(
+            f"budget: an int >= 0 (drafts verified per iteration over the batch), a StepCosts table or None, "
+            f"got {budget!r}"
+        )
     if proposer is None:
         raise ValueError("budget: plain decoding (no proposer) has no drafts to budget")
     confidence = getattr(getattr(proposer, "model", None), "confidence_head", None) is not None

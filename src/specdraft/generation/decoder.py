@@ -23,6 +23,7 @@ from . import checks
 from .budget import check_budget, kept_drafts, packed_windows, survival_from
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
+from .step_costs import PLAIN, StepCosts, choose_budget, conditional_rates
 from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
 
 
@@ -81,9 +82,12 @@ class SpeculativeDecoder:
     budget: None (every request verifies its K drafts) or an int >= 0, the most drafts
     verified per iteration over the whole batch: each iteration keeps the drafts with
     the best expected gain (generation/budget.py) and verifies them in a pass of
-    B + min(budget, B * K) rows. Needs a chain or block proposer returning survival
-    estimates (SpeculativeConfig(return_token_probs=True), or a DSpark confidence
-    head). A compiled iteration is reused by every later run with the same
+    B + min(budget, B * K) rows; 0 decodes plainly (no draft pass). Or a StepCosts
+    table (generation/step_costs.py): each run takes the budget with the most expected
+    tokens per second at its batch size, from the table's measured iteration times and
+    the acceptance rates of the decoder's last run (the table's own at first). Needs a
+    chain or block proposer returning survival estimates
+    (SpeculativeConfig(return_token_probs=True), or a DSpark confidence head). A compiled iteration is reused by every later run with the same
     batch size and the same all-greedy-or-not sampling (max_new_tokens, prompts,
     temperatures and seeds are tensors or host-side values it does not depend on).
 
@@ -105,7 +109,9 @@ class SpeculativeDecoder:
         budget: int | None = None,
     ) -> None:
         checks.check_target(target)
-        self.budget = check_budget(budget, proposer)
+        self.budget_policy = check_budget(budget, proposer)
+        self.budget = budget if isinstance(budget, int) else None  # a StepCosts table chooses it per run
+        self.acceptance_rates = budget.rates if isinstance(budget, StepCosts) else None
         self.target = target
         self.proposer = proposer
         if proposer is not None:
@@ -265,7 +271,7 @@ class SpeculativeDecoder:
         after its last accepted token; rejected tokens stay as padding, and their KV
         slots are rewritten by the next pass (positions restart from the accepted
         length). Finished requests are discarded (they draft from their last token)."""
-        if self.k == 0:
+        if self.k == 0 or self.budget == PLAIN:
             return state
         num_reqs = state.lens.shape[0]
         if verified.metadata is None:
@@ -325,6 +331,8 @@ class SpeculativeDecoder:
         """Generate for every prompt until its EOS (included in its output), its
         max_new_tokens, or max_model_len total tokens. See `generate` for the arguments;
         progress: True (a bar labelled "generate") or the bar's label."""
+        if isinstance(self.budget_policy, StepCosts):
+            self.budget = choose_budget(len(prompts), self.budget_policy, self.acceptance_rates)
         prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
         if hasattr(self.proposer, "reset_cache"):
             self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache
@@ -368,7 +376,12 @@ class SpeculativeDecoder:
         out = state.out_tokens.cpu()
         counts = flags[1].tolist()  # flags is host_flags' host copy: no device sync here
         tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
-        return GenerationResult(tokens, build_stats(state, timings, trace))
+        stats = build_stats(state, timings, trace)
+        if isinstance(self.budget_policy, StepCosts):  # the next run's estimate
+            self.acceptance_rates = conditional_rates(stats.accepted_per_position, stats.tested_per_position) or (
+                self.acceptance_rates
+            )
+        return GenerationResult(tokens, stats)
 
 
 def target_num_kv_layers(target) -> int:

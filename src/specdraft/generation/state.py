@@ -64,6 +64,9 @@ class DecodeState:
     passes [B] int64: statistics, verify passes in which each request was running.
     verified [B] int64: statistics, drafts each request had verified, summed over the
         passes in which it was running (K per pass, fewer under a budget).
+    tested [K] int64: statistics, how many times draft k was tested by the rejection
+        sampler (verified with every draft before it accepted), so accepted / tested
+        is its conditional acceptance rate whatever the budget verified.
     accepted_drafts [B] int64: statistics, drafts each request had accepted, summed
         likewise (before any cut at EOS or its limit, as `accepted`).
     survival [B, K] fp32 or None: the survival estimate of each draft (budgeted
@@ -80,6 +83,7 @@ class DecodeState:
     accepted: torch.Tensor
     passes: torch.Tensor
     verified: torch.Tensor
+    tested: torch.Tensor
     accepted_drafts: torch.Tensor
     survival: torch.Tensor | None
 
@@ -117,6 +121,7 @@ def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative
         accepted=torch.zeros(num_speculative_tokens, dtype=torch.int64, device=device),
         passes=torch.zeros(num_reqs, dtype=torch.int64, device=device),
         verified=torch.zeros(num_reqs, dtype=torch.int64, device=device),
+        tested=torch.zeros(num_speculative_tokens, dtype=torch.int64, device=device),
         accepted_drafts=torch.zeros(num_reqs, dtype=torch.int64, device=device),
         survival=None,
     )
@@ -162,6 +167,9 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
     steps = torch.arange(k, device=tokens.device)
     accepted_now = active[:, None] & (counts.long()[:, None] > steps[None, :])
     verified_now = state.drafts.shape[1] if num_verified is None else num_verified.long()
+    tested_now = active[:, None] & (counts.long()[:, None] >= steps[None, :])
+    if num_verified is not None:
+        tested_now = tested_now & (steps[None, :] < verified_now[:, None])
     return dataclasses.replace(
         state,
         last_tokens=last_tokens,
@@ -172,5 +180,6 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
         accepted=state.accepted + accepted_now.sum(dim=0),
         passes=state.passes + active.long(),
         verified=state.verified + torch.where(active, verified_now, 0),
+        tested=state.tested + tested_now.sum(dim=0),
         accepted_drafts=state.accepted_drafts + torch.where(active, counts.long(), 0),
     )

@@ -46,6 +46,9 @@ class GenerationStats:
     verified_per_request, accepted_per_request [B] int64: drafts each request had
         verified and accepted over its passes (K per pass without a budget; a tree:
         its N - 1 nodes).
+    tested_per_position [K] int64: passes in which draft k was tested (verified with
+        every draft before it accepted): accepted_per_position / tested_per_position
+        is each position's conditional acceptance rate, with or without a budget.
     iteration_verified, iteration_accepted [I, B] int64: the same, per iteration
         (I = num_verify_passes; 0 for a finished request), read with the one host copy
         each iteration makes anyway.
@@ -67,6 +70,7 @@ class GenerationStats:
     decode_tokens_per_s: torch.Tensor
     accepted_sibling_rank: torch.Tensor | None = None
     verified_per_request: torch.Tensor | None = None
+    tested_per_position: torch.Tensor | None = None
     accepted_per_request: torch.Tensor | None = None
     iteration_verified: torch.Tensor | None = None
     iteration_accepted: torch.Tensor | None = None
@@ -124,6 +128,7 @@ def build_stats(state: DecodeState, timings: Timings, trace: list[torch.Tensor] 
         decode_tokens_per_s=(num_generated - 1).clamp(min=0).sum().double() / timings.decode,
         accepted_sibling_rank=None if getattr(state, "sibling_ranks", None) is None else state.sibling_ranks.cpu(),
         verified_per_request=state.verified.cpu(),
+        tested_per_position=state.tested.cpu(),
         accepted_per_request=state.accepted_drafts.cpu(),
         **per_iteration(trace, passes.shape[0]),
     )

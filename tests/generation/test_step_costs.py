@@ -1,0 +1,174 @@
+"""Choosing the budget from measured iteration costs (generation/step_costs.py):
+expected tokens against a brute-force allocation, the choice against an exhaustive
+search over the table, the table's checks and JSON form, the conditional rates the
+decoder keeps between runs, and a decoder driven by a table."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specdraft.generation import SpeculativeDecoder
+from specdraft.generation.step_costs import (
+    PLAIN,
+    StepCosts,
+    choose_budget,
+    conditional_rates,
+    demo_pair_costs,
+    expected_tokens,
+)
+
+from specs.generate import greedy_decode
+
+
+def brute_force_tokens(budget, num_reqs, rates):
+    """Every position of every request ranked by its chance of acceptance (the
+    product of the rates up to it), the best `budget` kept: B + their sum."""
+    gains = []
+    for _ in range(num_reqs):
+        gains += [math.prod(rates[: j + 1]) for j in range(len(rates))]
+    return num_reqs + sum(sorted(gains, reverse=True)[:budget])
+
+
+@given(
+    num_reqs=st.integers(1, 6),
+    rates=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_expected_tokens_is_the_best_allocation(num_reqs, rates, data):
+    budget = data.draw(st.integers(0, num_reqs * len(rates) + 3))
+    assert expected_tokens(budget, num_reqs, rates) == pytest.approx(brute_force_tokens(budget, num_reqs, rates))
+
+
+def table(k=3, rates=(0.8, 0.7, 0.6), **seconds):
+    return StepCosts(seconds={int(b[1:]): row for b, row in seconds.items()}, k=k, rates=rates)
+
+
+@given(
+    seconds=st.lists(st.floats(0.5, 3.0), min_size=5, max_size=5),
+    rates=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+)
+def test_choice_is_the_best_measured_rate(seconds, rates):
+    budgets = (PLAIN, 2, 4, 8, 12)
+    costs = table(rates=tuple(rates), b4=dict(zip(budgets, seconds, strict=True)))
+    chosen = choose_budget(4, costs)
+    speed = {
+        b: (4 if b == PLAIN else brute_force_tokens(b, 4, rates)) / s for b, s in zip(budgets, seconds, strict=True)
+    }
+    assert speed[chosen] == pytest.approx(max(speed.values()))
+
+
+def test_choice_follows_costs_and_rates():
+    # Verifying is nearly free: the whole budget. Verifying is dear: plain decoding.
+    cheap = table(b8={PLAIN: 1.0, 8: 1.05, 16: 1.08, 24: 1.1})
+    dear = table(b8={PLAIN: 1.0, 8: 2.5, 16: 3.0, 24: 4.0})
+    assert choose_budget(8, cheap) == 24
+    assert choose_budget(8, dear) == PLAIN
+    # Drafts that are never accepted do not pay even when verifying is cheap.
+    assert choose_budget(8, cheap, rates=(0.0, 0.0, 0.0)) == PLAIN
+    # Scaled to another batch size from the nearest measured one (8 for 5, 8 for 40).
+    assert choose_budget(5, cheap) == 15
+    assert choose_budget(40, cheap) == 120
+
+
+def test_table_checks_and_json():
+    costs = table(b1={PLAIN: 1e-3, 3: 1.5e-3}, b8={PLAIN: 2e-3, 8: 3e-3})
+    assert StepCosts.from_json(costs.to_json()) == costs
+    for bad, match in [
+        ({}, "no measured batch size"),
+        ({0: {PLAIN: 1.0}}, "batch sizes are ints >= 1"),
+        ({2: {3: 1.0}}, r"needs plain decoding's time"),
+        ({2: {PLAIN: 1.0, 7: 1.0}}, r"budgets are ints in \[0, B \* k = 6\]"),
+        ({2: {PLAIN: float("nan")}}, "a time > 0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            StepCosts(seconds=bad, k=3, rates=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="rates: 3 conditional"):
+        StepCosts(seconds={1: {PLAIN: 1.0}}, k=3, rates=(0.5, 1.5, 0.5))
+    with pytest.raises(ValueError, match="num_reqs"):
+        choose_budget(0, costs)
+
+
+def test_conditional_rates():
+    assert conditional_rates(torch.tensor([8, 4, 1]), torch.tensor([10, 8, 4])) == (0.8, 0.5, 0.25)
+    assert conditional_rates([1, 0], [2, 0]) is None
+
+
+def test_shipped_demo_pair_table_loads():
+    costs = demo_pair_costs()
+    assert costs.k >= 1 and len(costs.rates) == costs.k
+    assert all(PLAIN in row for row in costs.seconds.values())
+
+
+# ------------------------------------------------------------------ the decoder
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2], list(range(10, 28)), [6, 5, 3]]
+MAX_NEW = [6, 11, 10, 8]
+MAX_MODEL_LEN = 24
+K = 3
+
+
+@pytest.fixture(scope="module")
+def pair(build):
+    target = build.make_target(num_layers=1, seed=2, unit_embeddings=True)
+    want = [greedy_decode(target, p, n, max_model_len=MAX_MODEL_LEN) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
+    return target, want
+
+
+def decoder_with(build, target, costs):
+    proposer = build.make_proposer("eagle", target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1,
+                                   return_token_probs=True)  # fmt: skip
+    return SpeculativeDecoder(target, proposer, budget=costs)
+
+
+def test_decoder_takes_the_tables_choice(build, pair):
+    target, want = pair
+    plain = decoder_with(build, target, table(b4={PLAIN: 1.0, 4: 3.0, 12: 5.0}))
+    got = plain.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in got.tokens] == want
+    assert plain.budget == PLAIN and int(got.stats.verified_per_request.sum()) == 0
+
+    full = decoder_with(build, target, table(b4={PLAIN: 1.0, 4: 1.01, 12: 1.02}))
+    got = full.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in got.tokens] == want
+    assert full.budget == 12
+    assert torch.equal(got.stats.verified_per_request, K * got.stats.request_passes)
+    # The run's own conditional rates replace the table's for the next run.
+    accepted, tested = got.stats.accepted_per_position, got.stats.tested_per_position
+    assert full.acceptance_rates == tuple((accepted.double() / tested.double()).tolist())
+
+
+def test_tested_counts_are_conditional(build, pair):
+    """Without a budget draft j is tested exactly when draft j - 1 was accepted (and
+    draft 0 in every pass); under a budget at most then."""
+    target, _ = pair
+    proposer = build.make_proposer("eagle", target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1,
+                                   return_token_probs=True)  # fmt: skip
+    stats = SpeculativeDecoder(target, proposer).generate(PROMPTS, max_new_tokens=MAX_NEW).stats
+    accepted, tested = stats.accepted_per_position, stats.tested_per_position
+    assert int(tested[0]) == int(stats.request_passes.sum())
+    assert torch.equal(tested[1:], accepted[:-1])
+    budgeted = SpeculativeDecoder(target, proposer, budget=3).generate(PROMPTS, max_new_tokens=MAX_NEW).stats
+    b_accepted, b_tested = budgeted.accepted_per_position, budgeted.tested_per_position
+    assert bool((b_tested[1:] <= b_accepted[:-1]).all()) and bool((b_accepted <= b_tested).all())
+    assert int(b_tested.sum()) <= int(budgeted.verified_per_request.sum())
+    assert int(b_tested[0]) < int(budgeted.request_passes.sum())  # some passes verified no draft
+
+
+def test_table_k_must_match(build, pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="measured with k = 2"):
+        decoder_with(build, target, StepCosts(seconds={4: {PLAIN: 1.0}}, k=2, rates=(0.5, 0.5)))
+
+
+def test_all_budgets_of_a_small_table_are_lossless(build, pair):
+    """Every budget a 4-request table can choose, run: the target's own output."""
+    target, want = pair
+    for budget in itertools.chain([PLAIN], range(1, 13, 3)):
+        decoder = decoder_with(build, target, table(b4={PLAIN: 10.0, budget: 1.0} if budget else {PLAIN: 1.0}))
+        got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        assert decoder.budget == budget
+        assert [t.tolist() for t in got.tokens] == want
