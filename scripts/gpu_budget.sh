@@ -14,7 +14,7 @@ stage=${1:-tests}
 [ $# -gt 0 ] && shift
 tests() {
     shopt -s nullglob
-    files=(tests/generation/test_budget.py tests/generation/test_step_costs.py tests/ops/test_budget_keep*.py)
+    files=(tests/generation/test_budget*.py tests/generation/test_step_costs.py tests/ops/test_budget_keep*.py)
     shopt -u nullglob
     echo "test files: ${files[*]}"
     SPECDRAFT_DEVICE=cuda timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -m "not interpreter" -rf \
