@@ -19,6 +19,8 @@ from .reference import budget_keep_reference
 # Positions the kernel holds in registers (the first tile; a larger batch loops over
 # tiles): 16384 covers B = 256 at N = 64 in one tile. The interpreter emulates every
 # lane in NumPy: small tiles there keep it fast and make small batches span several.
+# Warps: 16 positions a thread (ptxas for sm_90: the 16384 tile on 32 warps takes 64
+# registers and spills 32 bytes; 8192 on 8 warps, 32 a thread, 255 and spills 164).
 GPU_MAX_TILE = 16384
 MAX_TILE = 256 if TRITON_INTERPRET else GPU_MAX_TILE
 TIE_LIMIT = 2**31  # (N + 1) * B * N, the tie keys' range, stays below it (int32 keys)
@@ -50,7 +52,7 @@ def _launch(values, depths, budget):
     rows, cols, num_tiles = tiles(num_reqs, num_pos)
     wrap_triton(budget_keep_kernel)[(1,)](
         values, depths, budget, keep, counts, num_reqs, num_pos, ROWS=rows, COLS=cols, NUM_TILES=num_tiles,
-        num_warps=max(1, min(16, rows * cols // 1024)),
+        num_warps=max(1, min(32, rows * cols // 512)),
     )  # fmt: skip
     return keep, counts
 
