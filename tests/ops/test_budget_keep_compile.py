@@ -1,5 +1,5 @@
 """opcheck for budget_keep (int32 / int64 depths and budgets, a batch in one register
-tile and one over two on the GPU); a function around it compiled fullgraph=True
+tile and one over two on the GPU); the fake impl's shapes; a function around it compiled fullgraph=True
 equals eager with no graph break, and one compile serves every budget value (the
 budget is a device tensor, never a guard)."""
 
@@ -23,6 +23,17 @@ def test_opcheck(device):
         values, depths, budget = batch.op_args(device, depth_dtype)
         for budget_dtype in (torch.int64, torch.int32):
             torch.library.opcheck(torch.ops.specdraft.budget_keep, (values, depths, budget.to(budget_dtype)))
+
+
+def test_fake_impl_gives_the_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        for num_reqs, num_pos in ((0, 3), (1, 1), (256, 7), (300, 64)):
+            keep, counts = budget_keep(torch.empty(num_reqs, num_pos), torch.empty(num_reqs, num_pos, dtype=torch.int32),
+                                       torch.empty((), dtype=torch.int64))  # fmt: skip
+            assert keep.shape == (num_reqs, num_pos) and keep.dtype == torch.bool
+            assert counts.shape == (num_reqs,) and counts.dtype == torch.int32
 
 
 def verified_per_request(values, depths, budget):
