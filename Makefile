@@ -88,6 +88,7 @@ gpu-bench:
 	$(PYTHON) benchmarks/bench_prepare_and_step.py
 	$(PYTHON) benchmarks/bench_expand.py
 	$(PYTHON) benchmarks/bench_sampling.py
+	$(PYTHON) benchmarks/bench_budget_keep.py
 	$(PYTHON) benchmarks/bench_models.py
 	$(PYTHON) benchmarks/bench_propose.py --k 3
 	$(PYTHON) benchmarks/bench_propose.py --k 5

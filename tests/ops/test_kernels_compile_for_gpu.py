@@ -26,6 +26,7 @@ pytestmark = [
 
 # (test module, opcheck test, its extra arguments)
 OPCHECK_TESTS = [
+    ("ops.test_budget_keep_compile", "test_opcheck", {}),
     ("ops.test_copy_and_expand_compile", "test_opcheck_every_op", {}),
     ("ops.test_markov_block_compile", "test_opcheck", {}),
     ("ops.test_prepare_inputs_compile", "test_opcheck_every_op", {}),

@@ -7,6 +7,7 @@ families share lives in ops/common."""
 from .backend import HAS_TRITON, quiet_without_triton
 
 with quiet_without_triton():
+    from .budget import BudgetKeep, budget_keep
     from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
     from .markov_block import markov_block_sample
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
@@ -51,6 +52,9 @@ __all__ = [
     "tree_verify",
     # block drafters' Markov head
     "markov_block_sample",
+    # budgeted verification's allocation
+    "BudgetKeep",
+    "budget_keep",
     # draft-tree structure
     "SelectedTree",
     "tree_ancestors",

@@ -21,6 +21,7 @@ from specdraft.testing.proposers import DraftBatch, make_draft_batch
 # The ops' value checkers: name -> the op module defining it (beside its op). Loaded
 # on first use, so `import specdraft.testing` imports neither the ops nor triton.
 _VALUE_CHECKERS = {
+    "check_budget_keep_values": "specdraft.ops.budget.op",
     "check_copy_and_expand_values": "specdraft.ops.copy_and_expand",
     "check_draft_sample_values": "specdraft.ops.sampling.draft",
     "check_extend_queries_values": "specdraft.ops.parallel_drafting",

@@ -10,7 +10,8 @@ name. Without checked mode the op must run anyway, reading and writing nothing
 outside its tensors: `OpCase.run(device, guard=g)` places every buffer the op
 writes inside a larger one with g sentinel rows on each side and reports whether
 they survived (op_case.py). The tree ops' cases: invalid_trees.py;
-markov_block_sample's: invalid_markov.py; proposer-level cases: invalid_batches.py.
+markov_block_sample's: invalid_markov.py; budget_keep's: invalid_budget.py;
+proposer-level cases: invalid_batches.py.
 
 Values reach far outside the valid ranges now and then (up to 2**30), so that
 index arithmetic overflowing or skipping a mask shows.
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from specdraft.testing.batch import rejection_layouts, step_layouts
 from specdraft.testing.expand import expand_layouts
+from specdraft.testing.invalid_budget import BUDGET_RULES, invalid_budget_cases
 from specdraft.testing.invalid_markov import MARKOV_RULES, invalid_markov_cases
 from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
 from specdraft.testing.op_case import FAR, TEMPERATURE_RULES, OpCase
@@ -328,6 +330,7 @@ FAMILIES = (
     (SAMPLING_RULES, invalid_sampling_cases),
     (TREE_RULES, invalid_tree_cases),
     (MARKOV_RULES, invalid_markov_cases),
+    (BUDGET_RULES, invalid_budget_cases),
 )
 OP_RULES = {op: rules for table, _ in FAMILIES for op, rules in table.items()}
 

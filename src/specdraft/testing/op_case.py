@@ -1,7 +1,7 @@
 """`OpCase`, one op call as plain data (the form every strategy of invalid op inputs
-draws: invalid.py, invalid_trees.py, invalid_markov.py), and what those strategies
-share: how far an invalid value reaches and the rules every sampler's temperature
-takes."""
+draws: invalid.py, invalid_trees.py, invalid_markov.py, invalid_budget.py), and what
+those strategies share: how far an invalid value reaches and the rules every
+sampler's temperature takes."""
 
 from dataclasses import dataclass
 from typing import Any
