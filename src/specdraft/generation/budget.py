@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
+from specdraft.ops import budget_keep
 
 from .step_costs import StepCosts
 from .verify import slots_of
@@ -71,21 +72,7 @@ def kept_drafts(survival: torch.Tensor, done: torch.Tensor, budget: torch.Tensor
     """[B] int32: how many drafts each request verifies this iteration."""
     gains = expected_gains(survival, done)
     depths = torch.arange(gains.shape[1], dtype=torch.int32, device=gains.device).expand_as(gains)
-    return budget_keep_counts(gains, depths.contiguous(), budget)
-
-
-def budget_keep_counts(gains, depths, budget):  # TEMPORARY until ops.budget_keep lands
-    num_reqs, n = gains.shape
-    flat = gains.reshape(-1)
-    eligible = flat >= 0
-    idx = torch.arange(flat.shape[0], device=flat.device)
-    key_rest = depths.reshape(-1).long() * flat.shape[0] + idx
-    order = torch.argsort(key_rest, stable=True)
-    order = order[torch.argsort(-torch.where(eligible, flat, -1.0)[order], stable=True)]
-    rank = torch.empty_like(order)
-    rank[order] = idx
-    keep = eligible & (rank < budget.clamp(min=0))
-    return keep.view(num_reqs, n).sum(1).to(torch.int32)
+    return budget_keep(gains, depths.contiguous(), budget).counts
 
 
 def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_table, block_size: int,
