@@ -29,9 +29,12 @@ The count or mass at a pivot is a sum over the same tokens in the same order in
 every pass, so it is the same number whichever pass computes it, and it never
 decreases as the pivot decreases (rounded addition of non-negative terms is
 monotone): the passing pivots are always a prefix, and the search finds the exact
-crossing of the numbers it computes. Against the sort-based reference, whose mass
-is a cumulative sum in another order, a top-p decision can differ only where the
-mass at a cut is within rounding (about 1e-6 relative) of top_p times the total.
+crossing of the numbers it computes. Against the sort-based reference (an fp64
+cumulative sum of the same fp32 weights), a top-p decision can differ only where
+the mass at a cut is within rounding of top_p times the total: each weight's exp
+may differ by an ulp or two between implementations (about 1e-7 of the total in
+all), and the blocks' fp32 sums by a few 1e-8. One tail token at top_p = 0.99 and
+V = 152k weighs about 1e-5 of the total; a bf16 row's tie groups weigh far more.
 """
 
 from ...backend import tl, triton
@@ -119,17 +122,20 @@ def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
 def pivot_pass(row_ptr, vocab, pivots, base, thr, top, temp,
                MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
     """One pass: per pivot, the candidates at or above it (their count, or MASS:
-    their mass), and the mass of the candidates at or above `base`."""
-    hits = tl.zeros([PIVOTS], tl.float32 if MASS else tl.int32)
-    total = tl.zeros([], tl.float32)
+    their mass), and the mass of the candidates at or above `base`. A block's mass
+    is summed in fp32, the blocks' in fp64: a 152k row has 594 blocks, whose fp32
+    running sum would drift by ~1e-5 of the total, the size of one tail token's
+    mass at top_p = 0.99, and move the cut."""
+    hits = tl.zeros([PIVOTS], tl.float64 if MASS else tl.int32)
+    total = tl.zeros([], tl.float64)
     for off in range(0, vocab, BLOCK):
         x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
         key = candidate_keys(x, thr, SHIFT)
         above = key[:, None] >= pivots[None, :]
         if MASS:
             w = candidate_weights(x, thr, top, temp)
-            hits += tl.sum(tl.where(above, w[:, None], 0.0), 0)
-            total += tl.sum(tl.where(key >= base, w, 0.0), 0)
+            hits += tl.sum(tl.where(above, w[:, None], 0.0), 0).to(tl.float64)
+            total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
         else:
             hits += tl.sum(above.to(tl.int32), 0)
     return hits, total
@@ -148,7 +154,7 @@ def search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp,
         hits, total = pivot_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
                                  MASS, SHIFT, BLOCK, PIVOTS)  # fmt: skip
         if MASS:
-            passing = hits >= top_p * total
+            passing = hits >= top_p.to(tl.float64) * total
         else:
             passing = hits >= top_k
         # Passing pivots are a prefix (hits never grow with the pivot).
