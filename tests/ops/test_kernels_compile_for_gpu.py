@@ -35,6 +35,7 @@ OPCHECK_TESTS = [
     ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": True}),
     ("ops.test_vocab_metrics", "test_opcheck", {}),
     ("ops.sampling.test_sampling_compile", "test_opcheck_every_op", {}),
+    ("ops.sampling.test_truncation", "test_opcheck", {}),
 ]
 
 

@@ -13,7 +13,7 @@ with quiet_without_triton():
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
     from .prepare_eagle import EagleInputs, prepare_eagle_input
     from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
-    from .sampling import AcceptedPath, draft_sample, noise_uniform, rejection_sample, tree_verify
+    from .sampling import AcceptedPath, draft_sample, noise_uniform, rejection_sample, tree_verify, truncation_cut
     from .shift_and_cache import MAX_SHIFT_LIMIT, shift_and_cache_1d, shift_and_cache_hidden
     from .shift_plan import ShiftPlan, shift_plan
     from .step_metadata import PADDING_SLOT_ID, step_metadata
@@ -50,6 +50,7 @@ __all__ = [
     "rejection_sample",
     "AcceptedPath",
     "tree_verify",
+    "truncation_cut",
     # block drafters' Markov head
     "markov_block_sample",
     # budgeted verification's allocation

@@ -33,6 +33,7 @@ _VALUE_CHECKERS = {
     "check_shift_and_cache_values": "specdraft.ops.shift_and_cache.window",
     "check_shift_plan_values": "specdraft.ops.shift_plan",
     "check_step_metadata_values": "specdraft.ops.step_metadata",
+    "check_truncation_cut_values": "specdraft.ops.sampling.truncation.op",
 }
 
 # name -> the module defining it. These modules import hypothesis at the top, so all

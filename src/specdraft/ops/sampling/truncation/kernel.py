@@ -1,0 +1,209 @@
+"""The Triton kernel of `truncation_cut` (this package's docstring defines the cut).
+
+One program per row, a bounded number of passes over the row, no sort:
+
+1. the row's max m (every truncated row);
+2. top-k (when on): a search over the logits' order keys for the k-th largest
+   candidate: each pass counts the candidates at or above PIVOTS evenly spaced keys
+   of the current interval and keeps the sub-interval where the count crosses k;
+3. top-p (when on): the same search on the candidates' mass at or above each pivot
+   (sum of exp((l - m) / T)) against top_p times the mass at or above step 2's cut;
+4. the cut's value: the key the last search stopped at, decoded; only where no
+   search moved (min-p alone, or fewer than k candidates), one more pass takes the
+   smallest candidate.
+
+The min-p threshold needs only m, so it is no pass of its own: every pass of steps
+2-4 drops the tokens below it ("candidates" are the tokens at or above it, never
+-inf or NaN).
+
+Order keys: an fp32 value's bits as an int32, the negative ones' magnitude bits
+flipped, is monotone in the value; bf16 (fp16) logits leave the low 16 (13) bits
+of their fp32 value zero, so the key shifted right by SHIFT = 16 (13) is still
+one-to-one on them and the search covers 2**16 (2**19) keys instead of 2**32. A
+search pass cuts the interval by PIVOTS + 1, so it takes at most
+ceil((32 - SHIFT) / log2(PIVOTS + 1)) passes: 8 for fp32, 4 for bf16, 5 for fp16
+with 16 pivots (fewer when min-p narrows the interval). Passes per truncated row:
+1 + those of each search that is on, + 1 where no search moved.
+
+The count or mass at a pivot is a sum over the same tokens in the same order in
+every pass, so it is the same number whichever pass computes it, and it never
+decreases as the pivot decreases (rounded addition of non-negative terms is
+monotone): the passing pivots are always a prefix, and the search finds the exact
+crossing of the numbers it computes. Against the sort-based reference (an fp64
+cumulative sum of the same fp32 weights), a top-p decision can differ only where
+the mass at a cut is within rounding of top_p times the total: each weight's exp
+may differ by an ulp or two between implementations (about 1e-7 of the total in
+all), and the blocks' fp32 sums by a few 1e-8. One tail token at top_p = 0.99 and
+V = 152k weighs about 1e-5 of the total; a bf16 row's tie groups weigh far more.
+"""
+
+from ...backend import tl, triton
+
+
+@triton.jit
+def order_key(x, SHIFT: tl.constexpr):
+    """The int32 key of fp32 x (no NaN; -0.0 counts as +0.0 only if the caller
+    canonicalised it), monotone in x, shifted right by SHIFT."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return key >> SHIFT
+
+
+@triton.jit
+def key_value(key, SHIFT: tl.constexpr):
+    """The fp32 value whose order_key is `key` (int32), for values of the logits'
+    dtype: the bits SHIFT dropped are zero in the value, so all ones in a negative
+    value's key."""
+    full = key << SHIFT
+    full = tl.where(key < 0, full | ((1 << SHIFT) - 1), full)
+    bits = tl.where(full >= 0, full, full ^ 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def clean(x):
+    """NaN -> -inf (never kept), -0.0 -> +0.0 (one key for equal values)."""
+    x = tl.where(x == x, x, float("-inf"))
+    return tl.where(x == 0.0, 0.0, x)
+
+
+@triton.jit
+def load_clean(row_ptr, idx, vocab):
+    return clean(tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
+
+
+@triton.jit
+def min_p_threshold(top, temp, min_p, on):
+    """The smallest fp32 t >= top + T * ln(min_p), the sum taken in fp64 (min_p
+    above 1 counts as 1, whose log is 0 exactly: the max's ties alone); -inf when
+    min-p is off or the sum is NaN (a +inf max with an overflowing T * ln)."""
+    ratio = tl.where(on, tl.minimum(min_p, 1.0), 1.0).to(tl.float64)  # no log of 0 or below when off
+    span = tl.where(ratio >= 1.0, 0.0, temp.to(tl.float64) * tl.log(ratio))
+    exact = top.to(tl.float64) + span
+    thr = exact.to(tl.float32)
+    # Round up, so that a logit l passes l >= thr exactly when l >= the fp64 sum.
+    up = key_value(order_key(thr, 0) + 1, 0)
+    thr = tl.where(thr.to(tl.float64) < exact, up, thr)
+    return tl.where(on & (exact == exact), thr, float("-inf"))
+
+
+@triton.jit
+def is_candidate(x, thr):
+    """At or above the min-p threshold, and not -inf (nor NaN, cleaned to -inf)."""
+    return (x >= thr) & (x > float("-inf"))
+
+
+@triton.jit
+def candidate_keys(x, thr, SHIFT: tl.constexpr):
+    """Keys of the candidates; below every key a search visits elsewhere (-2139095041
+    is the key of -inf: 0xFF800000 with its low 31 bits flipped)."""
+    return tl.where(is_candidate(x, thr), order_key(x, SHIFT), (-2139095041 >> SHIFT) - 1)
+
+
+@triton.jit
+def candidate_weights(x, thr, top, temp):
+    """exp((x - top) / T) for candidates (1 at the max, so a +inf max weighs 1), 0
+    elsewhere."""
+    at_top = x == top
+    # Subtracted where x != top only: inf - inf (a +inf max) would be NaN.
+    w = tl.where(at_top, 1.0, tl.exp((tl.where(at_top, 0.0, x) - tl.where(at_top, 0.0, top)) / temp))
+    return tl.where(is_candidate(x, thr), w, 0.0)
+
+
+@triton.jit
+def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    for off in range(0, vocab, BLOCK):
+        top = tl.maximum(top, load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab))
+    return tl.max(top, 0)
+
+
+@triton.jit
+def pivot_pass(row_ptr, vocab, pivots, base, thr, top, temp,
+               MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """One pass: per pivot, the candidates at or above it (their count, or MASS:
+    their mass), and the mass of the candidates at or above `base`. A block's mass
+    is summed in fp32, the blocks' in fp64: a 152k row has 594 blocks, whose fp32
+    running sum would drift by ~1e-5 of the total, the size of one tail token's
+    mass at top_p = 0.99, and move the cut."""
+    hits = tl.zeros([PIVOTS], tl.float64 if MASS else tl.int32)
+    total = tl.zeros([], tl.float64)
+    for off in range(0, vocab, BLOCK):
+        x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
+        key = candidate_keys(x, thr, SHIFT)
+        above = key[:, None] >= pivots[None, :]
+        if MASS:
+            w = candidate_weights(x, thr, top, temp)
+            hits += tl.sum(tl.where(above, w[:, None], 0.0), 0).to(tl.float64)
+            total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
+        else:
+            hits += tl.sum(above.to(tl.int32), 0)
+    return hits, total
+
+
+@triton.jit
+def search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp,
+           MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """The largest key t in [lo, hi) whose candidates at or above it number at
+    least top_k (MASS: weigh at least top_p times those at or above lo); lo where
+    none does (lo counts as passing, hi as failing). Keys are int64 here."""
+    base = lo
+    steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
+    while hi - lo > 1:
+        pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
+        hits, total = pivot_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
+                                 MASS, SHIFT, BLOCK, PIVOTS)  # fmt: skip
+        if MASS:
+            passing = hits >= top_p.to(tl.float64) * total
+        else:
+            passing = hits >= top_k
+        # Passing pivots are a prefix (hits never grow with the pivot).
+        new_lo = tl.max(tl.where(passing, pivots, lo), 0)
+        hi = tl.min(tl.where(passing, hi, pivots), 0)
+        lo = new_lo
+    return lo
+
+
+@triton.jit
+def smallest_candidate(row_ptr, vocab, lo, thr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    """The smallest candidate with key >= lo (+inf if none)."""
+    low = tl.full([BLOCK], float("inf"), tl.float32)
+    for off in range(0, vocab, BLOCK):
+        x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
+        low = tl.minimum(low, tl.where(candidate_keys(x, thr, SHIFT) >= lo, x, float("inf")))
+    return tl.min(low, 0)
+
+
+@triton.jit
+def truncation_cut_kernel(
+    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, cut_ptr,
+    vocab, row_stride,
+    SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * row_stride
+    temp = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    top_k_on = (top_k > 0) & (top_k < vocab)
+    top_p_on = top_p < 1.0
+    min_p_on = min_p > 0.0
+    cut = tl.full([], float("-inf"), tl.float32)
+    if (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on):
+        top = row_max(row_ptr, vocab, BLOCK)
+        if top > float("-inf"):
+            thr = min_p_threshold(top, temp, min_p, min_p_on)
+            floor = order_key(thr, SHIFT).to(tl.int64)
+            lo = floor
+            hi = order_key(top, SHIFT).to(tl.int64) + 1
+            if top_k_on:
+                lo = search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp, False, SHIFT, BLOCK, PIVOTS)
+            if top_p_on:
+                lo = search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp, True, SHIFT, BLOCK, PIVOTS)
+            if lo > floor:
+                # A search moved: lo passes and lo + 1 fails, so lo is a candidate's key.
+                cut = key_value(lo.to(tl.int32), SHIFT)
+            else:
+                cut = smallest_candidate(row_ptr, vocab, lo.to(tl.int32), thr, SHIFT, BLOCK)
+    tl.store(cut_ptr + row, cut)

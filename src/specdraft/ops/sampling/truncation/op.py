@@ -1,0 +1,115 @@
+"""`truncation_cut`, the registered op, its public wrapper and checked mode's value
+checker: CUDA tensors launch kernel.py's kernel, CPU tensors run reference.py's
+torch."""
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from specdraft.checked_mode import is_checked
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
+from specdraft.value_checks import first_bad
+
+from ...backend import NAMESPACE, TRITON_INTERPRET, use_triton
+from .kernel import truncation_cut_kernel
+from .reference import truncation_cut_reference
+
+# The low bits of an fp32 value that each logits dtype leaves zero (kernel.py's keys).
+KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
+
+if TRITON_INTERPRET:
+    # The interpreter emulates every lane in NumPy: small blocks keep it fast, make
+    # small test rows span several blocks, and few pivots make the searches loop.
+    BLOCK, PIVOTS, NUM_WARPS = 16, 4, 4
+else:
+    BLOCK = 256  # tokens per loop iteration; a pass holds a [BLOCK, PIVOTS] comparison
+    PIVOTS = 16  # keys tried per search pass: the interval shrinks 17x a pass
+    NUM_WARPS = 4
+
+
+def _output(num_rows: int, device) -> torch.Tensor:
+    return torch.empty((num_rows,), dtype=torch.float32, device=device)
+
+
+def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    num_rows, vocab = logits.shape
+    cut = _output(num_rows, logits.device)
+    if num_rows == 0:
+        return cut
+    wrap_triton(truncation_cut_kernel)[(num_rows,)](
+        logits, temperature, top_k, top_p, min_p, cut, vocab, logits.stride(0),
+        SHIFT=KEY_SHIFT[logits.dtype], BLOCK=BLOCK, PIVOTS=PIVOTS, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return cut
+
+
+@triton_op(f"{NAMESPACE}::truncation_cut", mutates_args=())
+def _truncation_cut_op(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    if not use_triton(logits):
+        return truncation_cut_reference(logits, temperature, top_k, top_p, min_p)
+    return _launch(logits, temperature, top_k, top_p, min_p)
+
+
+@_truncation_cut_op.register_fake
+def _truncation_cut_fake(logits, temperature, top_k, top_p, min_p):
+    return _output(logits.shape[0], logits.device)
+
+
+# ------------------------------------------------------------------ public wrapper
+
+
+def truncation_cut(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's logit cut for its request's top-k, top-p and min-p (the package
+    docstring gives the rule): the row's distribution is softmax(logits / T) over
+    {i : logits[i] >= cut}, renormalised. The cut is a value of the row, or -inf
+    (keep every token: greedy rows, rows with every parameter off, rows with no
+    logit above -inf).
+
+    No host sync. On CUDA one kernel, one program per row, without a sort (kernel.py
+    counts its passes).
+
+    Args:
+        logits: [R, V] fp32 / bf16 / fp16; rows contiguous, any row stride.
+        temperature: [R] fp32, contiguous; a row with T <= 0 (greedy) is not truncated.
+        top_k: [R] int32 / int64, contiguous; <= 0 or >= V: off.
+        top_p: [R] fp32, contiguous; >= 1: off. In (0, 1]: checked mode refuses the
+            rest (the op keeps the max's tie group at top_p <= 0, treats NaN as off).
+        min_p: [R] fp32, contiguous; <= 0: off. In [0, 1]: checked mode refuses the
+            rest (the op treats min_p > 1 as 1, NaN as off).
+
+    Returns:
+        cut: [R] fp32.
+    """
+    check_tensor_arg("logits", logits, FLOAT_DTYPES, shape=(None, at_least(1, "V")), contiguous="rows")
+    num_rows = logits.shape[0]
+    row = {"shape": (num_rows,), "contiguous": True, "device_of": logits}
+    check_tensor_arg("temperature", temperature, torch.float32, **row)
+    check_tensor_arg("top_k", top_k, INDEX_DTYPES, **row)
+    check_tensor_arg("top_p", top_p, torch.float32, **row)
+    check_tensor_arg("min_p", min_p, torch.float32, **row)
+    if is_checked():
+        check_truncation_cut_values(temperature, top_p, min_p)
+    return _truncation_cut_op(logits, temperature, top_k, top_p, min_p)
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_truncation_cut_values(temperature: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> None:
+    """truncation_cut: temperature finite and >= 0; top_p in (0, 1]; min_p in [0, 1].
+    Every top_k is valid (<= 0 or >= V: off)."""
+    first_bad("temperature", ~(torch.isfinite(temperature) & (temperature >= 0)), temperature,
+              "must be finite and >= 0 (0 = greedy)")  # fmt: skip
+    first_bad("top_p", ~((top_p > 0) & (top_p <= 1)), top_p, "is outside (0, 1] (1 = off)")
+    first_bad("min_p", ~((min_p >= 0) & (min_p <= 1)), min_p, "is outside [0, 1] (0 = off)")
