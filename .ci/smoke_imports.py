@@ -26,6 +26,7 @@ NEEDS_EXTRA = {
     "specdraft.testing.invalid": "hypothesis",
     "specdraft.testing.invalid_batches": "hypothesis",
     "specdraft.testing.invalid_budget": "hypothesis",
+    "specdraft.testing.invalid_truncation": "hypothesis",
     "specdraft.testing.invalid_markov": "hypothesis",
     "specdraft.testing.invalid_trees": "hypothesis",
     "specdraft.testing.sampling": "hypothesis",

@@ -11,7 +11,7 @@ outside its tensors: `OpCase.run(device, guard=g)` places every buffer the op
 writes inside a larger one with g sentinel rows on each side and reports whether
 they survived (op_case.py). The tree ops' cases: invalid_trees.py;
 markov_block_sample's: invalid_markov.py; budget_keep's: invalid_budget.py;
-proposer-level cases: invalid_batches.py.
+truncation_cut's: invalid_truncation.py; proposer-level cases: invalid_batches.py.
 
 Values reach far outside the valid ranges now and then (up to 2**30), so that
 index arithmetic overflowing or skipping a mask shows.
@@ -24,6 +24,7 @@ from specdraft.testing.expand import expand_layouts
 from specdraft.testing.invalid_budget import BUDGET_RULES, invalid_budget_cases
 from specdraft.testing.invalid_markov import MARKOV_RULES, invalid_markov_cases
 from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
+from specdraft.testing.invalid_truncation import TRUNCATION_RULES, invalid_truncation_cases
 from specdraft.testing.op_case import FAR, TEMPERATURE_RULES, OpCase
 from specdraft.testing.sampling import sampling_batches
 from specdraft.testing.shift_and_cache import shift_layouts
@@ -331,6 +332,7 @@ FAMILIES = (
     (TREE_RULES, invalid_tree_cases),
     (MARKOV_RULES, invalid_markov_cases),
     (BUDGET_RULES, invalid_budget_cases),
+    (TRUNCATION_RULES, invalid_truncation_cases),
 )
 OP_RULES = {op: rules for table, _ in FAMILIES for op, rules in table.items()}
 
