@@ -1,6 +1,6 @@
 """Budgeted verification against plain decoding and fixed K, by batch size, on the
 demo pair (greedy): decode tokens/s of plain decoding, fixed K = 1 and K = 3 chains,
-and budgeted iterations (K = 3 drafts, a budget of B / 2, B, 2B or 3B drafts per
+and budgeted iterations (K = 3 drafts, a budget of B, 2B or 3B drafts per
 iteration), each iteration compiled per configuration (CUDA: mode="reduce-overhead");
 then the budget `step_costs.choose_budget` picks from those measured iteration times
 and the fixed-K run's acceptance rates ("auto"), and how it compares with the best of
@@ -32,7 +32,7 @@ from specdraft.generation.step_costs import PLAIN, StepCosts, choose_budget, con
 
 K = 3
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-BUDGET_FRACTIONS = (0.5, 1, 2, 3)  # budgets B / 2, B, 2B, 3B (= K B: every draft)
+BUDGET_FRACTIONS = (1, 2, 3)  # budgets B, 2B, 3B (= K B: every draft)
 COSTS_FILE = (
     pathlib.Path(__file__).resolve().parents[1] / "src" / "specdraft" / "generation" / "demo_pair_step_costs.json"
 )

@@ -4,8 +4,9 @@
 # `python benchmarks/record.py append <that folder>`):
 #   bash scripts/gpu_budget.sh tests       # the budget tests on CUDA (tests/generation/test_budget.py,
 #                                          # test_step_costs.py, tests/ops/test_budget_keep*.py)
-#   bash scripts/gpu_budget.sh bench [GPU ...]   # benchmarks/bench_budget.py over B = 1 .. 256, the batch
-#                                          # sizes dealt to one process per GPU named (default: every visible GPU)
+#   bash scripts/gpu_budget.sh bench [GPU ...]   # benchmarks/bench_budget.py over B = 1 .. 256 (or
+#                                          # $BENCH_SIZES), the batch sizes dealt in turn to one process per GPU
+#                                          # named (default: every visible GPU)
 #   bash scripts/gpu_budget.sh ops         # benchmarks/bench_budget_keep.py and bench_truncation.py, and the
 #                                          # truncation op's tests, on GPU 0
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
@@ -27,7 +28,7 @@ bench() {
     local gpus=("$@")
     [ ${#gpus[@]} -eq 0 ] && mapfile -t gpus < <(seq 0 $(($(nvidia-smi -L | wc -l) - 1)))
     # Deal the batch sizes so that each process gets a mix of small and large ones.
-    local sizes=(256 128 64 32 16 8 4 2 1) pids=() i j n=${#gpus[@]}
+    local sizes=(${BENCH_SIZES:-256 128 64 32 16 8 4 2 1}) pids=() i j n=${#gpus[@]}
     for ((i = 0; i < n; i++)); do
         local mine=()
         for ((j = i; j < ${#sizes[@]}; j += n)); do mine+=("${sizes[j]}"); done
@@ -55,11 +56,18 @@ case "$stage" in
 tests) tests ;;
 bench) bench "$@" ;;
 ops) ops ;;
-all)
-    bench 1 2 3 4 5 6 7 > "$OUT/bench_all.txt" 2>&1 &
+all)  # GPU 0: tests, ops, then its share of the batch sizes; GPUs 1..: theirs meanwhile
+    n=$(nvidia-smi -L | wc -l)
+    BENCH_SIZES=${BENCH_SIZES:-256 128 64 32 16 8 4 2 1}
+    sizes=($BENCH_SIZES); others=() mine=()
+    for ((i = 0; i < ${#sizes[@]}; i++)); do
+        if ((i % n == n - 1)); then mine+=("${sizes[i]}"); else others+=("${sizes[i]}"); fi
+    done
+    if ((n > 1)); then BENCH_SIZES="${others[*]}" bench $(seq 1 $((n - 1))) > "$OUT/bench_others.txt" 2>&1 & fi
     bench_pid=$!
     CUDA_VISIBLE_DEVICES=0 tests; ops
-    wait $bench_pid; cat "$OUT/bench_all.txt"
+    [ ${#mine[@]} -gt 0 ] && BENCH_SIZES="${mine[*]}" bench 0
+    ((n > 1)) && { wait $bench_pid; cat "$OUT/bench_others.txt"; }
     ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
