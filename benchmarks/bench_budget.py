@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from bench_generate import kernel_list
 from bench_tree import log
 from record import RESULTS, append_rows, latest, read_rows
 
@@ -51,19 +52,44 @@ def run(decoder, prompts, max_new_tokens: int, repeats: int):
     return [t.tolist() for t in results[median].tokens], stats, rates[median], ms, spread
 
 
-def configurations(batch: int):
-    """(mode, drafts per request, budget) of every row at one batch size."""
-    yield "plain", 0, None
-    yield "fixed", 1, None
-    yield "fixed", K, None
-    for fraction in BUDGET_FRACTIONS:
-        yield "budget", K, max(1, round(fraction * batch))
+def configurations(batch: int, only=None):
+    """(mode, drafts per request, budget) of every row at one batch size (only: those
+    named MODE[:K[:BUDGET_FRACTION]], plain always)."""
+    rows = [("plain", 0, None), ("fixed", 1, None), ("fixed", K, None)]
+    rows += [("budget", K, max(1, round(fraction * batch))) for fraction in BUDGET_FRACTIONS]
+    if only is None:
+        yield from rows
+        return
+    names = {f"{m}:{k}" + (f":{round(b / batch)}" if b else "") for m, k, b in rows}
+    unknown = set(only) - names
+    if unknown:
+        raise SystemExit(f"--only: unknown rows {sorted(unknown)}; choose from {sorted(names)}")
+    for m, k, b in rows:
+        if m == "plain" or f"{m}:{k}" + (f":{round(b / batch)}" if b else "") in only:
+            yield m, k, b
 
 
-def measure_batch(device, batch: int, compile, max_new: int, repeats: int) -> list[dict]:
+def iteration_kernels(decoder, prompts) -> str:
+    """The CUDA kernels of one compiled iteration after a prefill of prompts (graph
+    replays: cudaGraphLaunch on the CPU side), for --profile."""
+    prompts, requests = decoder.requests(prompts, 64, None, None)
+    with torch.no_grad():
+        state = decoder.prefill(prompts, requests)
+
+        def iteration():
+            torch.compiler.cudagraph_mark_step_begin()
+            return decoder.compiled["iteration"](state, requests)
+
+        for _ in range(3):  # compile, warm up, record
+            iteration()
+        return kernel_list(iteration, calls=5)
+
+
+def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profile: bool = False,
+                  only=None) -> list[dict]:  # fmt: skip
     prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
     rows, want = [], None
-    for mode, k, budget in configurations(batch):
+    for mode, k, budget in configurations(batch, only):
         torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
         plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget)
         decoder = plain if mode == "plain" else spec
@@ -79,6 +105,9 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int) -> li
             "spread": spread, "lossless": tokens == want,
         })  # fmt: skip
         log(f"B={batch} {mode} k={k} budget={budget}: {rate:,.0f} tok/s, {ms:.3f} ms/iteration")
+        if profile:
+            log(f"kernels of one iteration, B={batch} {mode} k={k} budget={budget}:\n"
+                + iteration_kernels(decoder, prompts))  # fmt: skip
     return rows
 
 
@@ -134,6 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="log each row's iteration kernels (stderr)")
+    parser.add_argument("--only", nargs="+", help="rows to run, as MODE:K:BUDGET_FRACTION (e.g. fixed:3 budget:3:1)")
     parser.add_argument("--json", help="write the rows as JSON (after every batch size)")
     parser.add_argument("--write-costs", action="store_true", help=f"write {COSTS_FILE.name} from the table, then exit")
     parser.add_argument("--device-name", help="--write-costs: the device whose rows to use")
@@ -146,6 +177,7 @@ def main(argv=None) -> int:
     max_new = 8 if args.smoke else args.max_new_tokens
     repeats = 1 if args.smoke else args.repeats
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    torch._logging.set_logs(perf_hints=True)  # a graph that falls back from CUDA graphs says why (stderr)
     print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request, median of "
           f"{repeats} timed calls\n")  # fmt: skip
     print("| B | mode | K | budget | decode tokens/s | vs plain | ms / iteration | verified / iteration | "
@@ -153,7 +185,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows, start = [], time.perf_counter()
     for batch in batch_sizes:
-        measured = measure_batch(device, batch, compile, max_new, repeats)
+        measured = measure_batch(device, batch, compile, max_new, repeats, args.profile, args.only)
         plain_rate = measured[0]["decode_tokens_per_s"]
         for r in measured:
             print(f"| {batch} | {r['mode']} | {r['k'] or ''} | {r['budget'] or ''} | {r['decode_tokens_per_s']:,.0f} | "
@@ -169,6 +201,8 @@ def main(argv=None) -> int:
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps({"device": name, "rows": rows}, indent=1))
         log(f"B={batch} done ({time.perf_counter() - start:.0f} s)")
+    if args.only:
+        return 0 if all(r["lossless"] for r in rows) else 1
     costs = costs_of(rows, name)
     print("\nauto: the budget choose_budget picks from this run's iteration times and acceptance rates\n")
     print("| B | chosen budget | decode tokens/s | best of plain / fixed K | its tokens/s | auto vs best |")
