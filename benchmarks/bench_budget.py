@@ -29,7 +29,7 @@ from bench_tree import log
 from record import RESULTS, append_rows, latest, read_rows
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
-from specdraft.generation.step_costs import PLAIN, StepCosts, choose_budget, conditional_rates
+from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditional_rates
 
 K = 3
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -102,7 +102,7 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profi
             "verified_per_iteration": float(stats.verified_per_request.sum()) / passes if k else 0.0,
             "accepted_per_position": stats.accepted_per_position.tolist() if k else [],
             "tested_per_position": stats.tested_per_position.tolist() if k else [],
-            "spread": spread, "lossless": tokens == want,
+            "spread": spread, "lossless": tokens == want, "tokens": tokens,
         })  # fmt: skip
         log(f"B={batch} {mode} k={k} budget={budget}: {rate:,.0f} tok/s, {ms:.3f} ms/iteration")
         if profile:
@@ -112,47 +112,54 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profi
 
 
 def costs_of(rows, device_name: str) -> StepCosts:
-    """StepCosts from measured rows: plain decoding's and each budget's iteration time
-    at every batch size, and the fixed-K rows' pooled conditional acceptance rates."""
-    seconds: dict[int, dict[int, float]] = {}
+    """StepCosts from measured rows: each configuration's iteration time at every
+    batch size (plain: PLAIN; fixed K: (K, B * K), the same drafts as the budget of
+    every draft, whose own row replaces it where measured; budget b: (K, b)), and the
+    fixed-K rows' pooled conditional acceptance rates."""
+    seconds: dict[int, dict[Choice, float]] = {}
     accepted, tested = [0] * K, [0] * K
-    for row in rows:
-        batch = row["B"]
+    for row in sorted(rows, key=lambda r: r["mode"] == "budget"):  # budget rows last: they replace
+        batch, at = row["B"], seconds.setdefault(row["B"], {})
         if row["mode"] == "plain":
-            seconds.setdefault(batch, {})[PLAIN] = row["ms_per_iteration"] / 1e3
+            at[PLAIN] = row["ms_per_iteration"] / 1e3
+        elif row["mode"] == "fixed":
+            at[Choice(row["k"], batch * row["k"])] = row["ms_per_iteration"] / 1e3
+            if row["k"] == K:
+                accepted = [a + b for a, b in zip(accepted, row["accepted_per_position"], strict=True)]
+                tested = [a + b for a, b in zip(tested, row["tested_per_position"], strict=True)]
         elif row["mode"] == "budget":
-            seconds.setdefault(batch, {})[row["budget"]] = row["ms_per_iteration"] / 1e3
-        elif row["k"] == K:
-            accepted = [a + b for a, b in zip(accepted, row["accepted_per_position"], strict=True)]
-            tested = [a + b for a, b in zip(tested, row["tested_per_position"], strict=True)]
+            at[Choice(row["k"], row["budget"])] = row["ms_per_iteration"] / 1e3
     rates = conditional_rates(accepted, tested)
     if rates is None:
         raise ValueError("no fixed-K rows with every position tested: cannot estimate the acceptance rates")
-    return StepCosts(seconds=seconds, k=K, rates=rates, device=device_name, pair="demo pair (EAGLE-3, greedy)")
+    return StepCosts(seconds=seconds, rates=rates, device=device_name, pair="demo pair (EAGLE-3, greedy)")
 
 
-def auto_row(rows, batch: int, costs: StepCosts) -> dict:
-    """The budget choose_budget picks at `batch` and its measured rate, against the
-    best of plain decoding and fixed K at that batch size (measured in the same run)."""
+def auto_row(device, batch: int, rows, compile, max_new: int, repeats: int, want) -> dict:
+    """A decoder given the StepCosts of this batch size's rows, run: what it chose and
+    measured, against the best of plain decoding and fixed K (same run)."""
     here = [r for r in rows if r["B"] == batch]
-    chosen = choose_budget(batch, costs)
-    pick = next(r for r in here if (r["mode"] == "plain" if chosen == PLAIN else r["budget"] == chosen))
+    costs = costs_of(here, "this run")
+    prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
+    torch._dynamo.reset()
+    _, decoder = build_decoders(device, K, batch, compile, budget=costs)
+    tokens, stats, rate, ms, spread = run(decoder, prompts, max_new, repeats)
     baseline = max((r for r in here if r["mode"] in ("plain", "fixed")), key=lambda r: r["decode_tokens_per_s"])
-    return {"B": batch, "chosen_budget": chosen, "decode_tokens_per_s": pick["decode_tokens_per_s"],
-            "best_baseline": f"{baseline['mode']} k={baseline['k']}",
+    return {"B": batch, "mode": "auto", "k": decoder.k, "budget": decoder.budget, "decode_tokens_per_s": rate,
+            "ms_per_iteration": ms, "acceptance_length": float(stats.mean_acceptance_length), "spread": spread,
+            "lossless": tokens == want, "best_baseline": f"{baseline['mode']} k={baseline['k']}",
             "best_baseline_tokens_per_s": baseline["decode_tokens_per_s"],
-            "vs_best": pick["decode_tokens_per_s"] / baseline["decode_tokens_per_s"]}  # fmt: skip
+            "vs_best": rate / baseline["decode_tokens_per_s"]}  # fmt: skip
 
 
 def write_costs(device_name: str | None) -> int:
-    rows = [r for r in latest(read_rows("budget", RESULTS)) if r["config"].get("mode") != "auto"]
+    rows = [r for r in latest(read_rows("budget", RESULTS)) if r["config"]["mode"] != "auto"]
     device_name = device_name or rows[-1]["device"]
     flat = [{**r["config"], **r["metrics"]} for r in rows if r["device"] == device_name]
     costs = costs_of(flat, device_name)
     COSTS_FILE.write_text(costs.to_json())
-    print(
-        f"{sum(len(v) for v in costs.seconds.values())} iteration times at B = {sorted(costs.seconds)} -> {COSTS_FILE}"
-    )
+    count = sum(len(v) for v in costs.seconds.values())
+    print(f"{count} iteration times at B = {sorted(costs.seconds)} -> {COSTS_FILE}")
     return 0
 
 
@@ -183,35 +190,42 @@ def main(argv=None) -> int:
     print("| B | mode | K | budget | decode tokens/s | vs plain | ms / iteration | verified / iteration | "
           "acceptance length | spread | lossless |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    rows, start = [], time.perf_counter()
+    rows, autos, start = [], [], time.perf_counter()
     for batch in batch_sizes:
         measured = measure_batch(device, batch, compile, max_new, repeats, args.profile, args.only)
+        if not args.only:
+            want = [r for r in measured if r["mode"] == "plain"][0]["tokens"]
+            autos.append(auto_row(device, batch, measured, compile, max_new, repeats, want))
+            log(
+                f"B={batch} auto: k={autos[-1]['k']} budget={autos[-1]['budget']}, {autos[-1]['vs_best']:.3f}x the best"
+            )
         plain_rate = measured[0]["decode_tokens_per_s"]
         for r in measured:
             print(f"| {batch} | {r['mode']} | {r['k'] or ''} | {r['budget'] or ''} | {r['decode_tokens_per_s']:,.0f} | "
                   f"{r['decode_tokens_per_s'] / plain_rate:.2f}x | {r['ms_per_iteration']:.3f} | "
                   f"{r['verified_per_iteration']:.1f} | {r['acceptance_length']:.3f} | {r['spread']:.0%} | "
                   f"{'yes' if r['lossless'] else 'FAIL'} |", flush=True)  # fmt: skip
+        for r in measured + (autos[-1:] if not args.only else []):
             if not args.smoke:
                 config = {key: r[key] for key in ("B", "mode", "k", "budget")}
                 config.update(max_new_tokens=max_new, repeats=repeats)
-                metrics = {key: v for key, v in r.items() if key not in config}
+                metrics = {key: v for key, v in r.items() if key not in config and key != "tokens"}
                 append_rows("budget", [(config, metrics)], device=name)
-        rows += measured
+        rows += [{key: v for key, v in r.items() if key != "tokens"} for r in measured]
         if args.json:
-            pathlib.Path(args.json).write_text(json.dumps({"device": name, "rows": rows}, indent=1))
+            pathlib.Path(args.json).write_text(json.dumps({"device": name, "rows": rows, "auto": autos}, indent=1))
         log(f"B={batch} done ({time.perf_counter() - start:.0f} s)")
-    if args.only:
-        return 0 if all(r["lossless"] for r in rows) else 1
-    costs = costs_of(rows, name)
-    print("\nauto: the budget choose_budget picks from this run's iteration times and acceptance rates\n")
-    print("| B | chosen budget | decode tokens/s | best of plain / fixed K | its tokens/s | auto vs best |")
-    print("|---|---|---|---|---|---|")
-    for batch in batch_sizes:
-        a = auto_row(rows, batch, costs)
-        print(f"| {batch} | {a['chosen_budget']} | {a['decode_tokens_per_s']:,.0f} | {a['best_baseline']} | "
-              f"{a['best_baseline_tokens_per_s']:,.0f} | {a['vs_best']:.3f} |")  # fmt: skip
-    return 0 if all(r["lossless"] for r in rows) else 1
+    if autos:
+        print("\nauto: a decoder given this batch size's measured iteration times (StepCosts) and the fixed-K rows'"
+              " acceptance rates, run\n")  # fmt: skip
+        print("| B | chosen k | chosen budget | decode tokens/s | best of plain / fixed K | its tokens/s | auto vs best | "
+              "lossless |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for a in autos:
+            print(f"| {a['B']} | {a['k'] if a['budget'] else 'plain'} | {a['budget']} | {a['decode_tokens_per_s']:,.0f} | "
+                  f"{a['best_baseline']} | {a['best_baseline_tokens_per_s']:,.0f} | {a['vs_best']:.3f} | "
+                  f"{'yes' if a['lossless'] else 'FAIL'} |")  # fmt: skip
+    return 0 if all(r["lossless"] for r in rows + autos) else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from specdraft.generation import SpeculativeDecoder
 from specdraft.generation.step_costs import (
     PLAIN,
+    Choice,
     StepCosts,
     choose_budget,
     conditional_rates,
@@ -43,51 +44,59 @@ def test_expected_tokens_is_the_best_allocation(num_reqs, rates, data):
     assert expected_tokens(budget, num_reqs, rates) == pytest.approx(brute_force_tokens(budget, num_reqs, rates))
 
 
-def table(k=3, rates=(0.8, 0.7, 0.6), **seconds):
-    return StepCosts(seconds={int(b[1:]): row for b, row in seconds.items()}, k=k, rates=rates)
+def table(rates=(0.8, 0.7, 0.6), **seconds):
+    """seconds: b<B>={(k, budget): s}."""
+    rows = {int(b[1:]): {Choice(*c): v for c, v in row.items()} for b, row in seconds.items()}
+    return StepCosts(seconds=rows, rates=rates)
 
 
 @given(
-    seconds=st.lists(st.floats(0.5, 3.0), min_size=5, max_size=5),
+    seconds=st.lists(st.floats(0.5, 3.0), min_size=6, max_size=6),
     rates=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
 )
 def test_choice_is_the_best_measured_rate(seconds, rates):
-    budgets = (PLAIN, 2, 4, 8, 12)
-    costs = table(rates=tuple(rates), b4=dict(zip(budgets, seconds, strict=True)))
+    choices = (PLAIN, (1, 4), (3, 2), (3, 4), (3, 8), (3, 12))
+    costs = table(rates=tuple(rates), b4=dict(zip(choices, seconds, strict=True)))
     chosen = choose_budget(4, costs)
     speed = {
-        b: (4 if b == PLAIN else brute_force_tokens(b, 4, rates)) / s for b, s in zip(budgets, seconds, strict=True)
+        c: (4 if c == PLAIN else brute_force_tokens(c[1], 4, rates[: c[0]])) / s
+        for c, s in zip(choices, seconds, strict=True)
     }
     assert speed[chosen] == pytest.approx(max(speed.values()))
 
 
 def test_choice_follows_costs_and_rates():
     # Verifying is nearly free: the whole budget. Verifying is dear: plain decoding.
-    cheap = table(b8={PLAIN: 1.0, 8: 1.05, 16: 1.08, 24: 1.1})
-    dear = table(b8={PLAIN: 1.0, 8: 2.5, 16: 3.0, 24: 4.0})
-    assert choose_budget(8, cheap) == 24
+    cheap = table(b8={PLAIN: 1.0, (3, 8): 1.05, (3, 16): 1.08, (3, 24): 1.1})
+    dear = table(b8={PLAIN: 1.0, (3, 8): 2.5, (3, 16): 3.0, (3, 24): 4.0})
+    assert choose_budget(8, cheap) == (3, 24)
     assert choose_budget(8, dear) == PLAIN
     # Drafts that are never accepted do not pay even when verifying is cheap.
     assert choose_budget(8, cheap, rates=(0.0, 0.0, 0.0)) == PLAIN
     # Scaled to another batch size from the nearest measured one (8 for 5, 8 for 40).
-    assert choose_budget(5, cheap) == 15
-    assert choose_budget(40, cheap) == 120
+    assert choose_budget(5, cheap) == (3, 15)
+    assert choose_budget(40, cheap) == (3, 120)
+    # Drafting one token is cheaper than drafting three and verifying one each.
+    shallow = table(b8={PLAIN: 1.0, (1, 8): 1.2, (3, 8): 1.6, (3, 24): 2.2})
+    assert choose_budget(8, shallow) == (1, 8)
+    assert choose_budget(8, shallow, draft_depths=[3]) == (3, 24)
 
 
 def test_table_checks_and_json():
-    costs = table(b1={PLAIN: 1e-3, 3: 1.5e-3}, b8={PLAIN: 2e-3, 8: 3e-3})
+    costs = table(b1={PLAIN: 1e-3, (3, 3): 1.5e-3}, b8={PLAIN: 2e-3, (1, 8): 3e-3})
     assert StepCosts.from_json(costs.to_json()) == costs
     for bad, match in [
         ({}, "no measured batch size"),
         ({0: {PLAIN: 1.0}}, "batch sizes are ints >= 1"),
-        ({2: {3: 1.0}}, r"needs plain decoding's time"),
-        ({2: {PLAIN: 1.0, 7: 1.0}}, r"budgets are ints in \[0, B \* k = 6\]"),
+        ({2: {Choice(3, 3): 1.0}}, r"needs plain decoding's time"),
+        ({2: {PLAIN: 1.0, Choice(3, 7): 1.0}}, r"0 <= budget <= B \* k"),
+        ({2: {PLAIN: 1.0, Choice(4, 1): 1.0}}, r"1 <= k <= 3"),
         ({2: {PLAIN: float("nan")}}, "a time > 0"),
     ]:
         with pytest.raises(ValueError, match=match):
-            StepCosts(seconds=bad, k=3, rates=(0.5, 0.5, 0.5))
-    with pytest.raises(ValueError, match="rates: 3 conditional"):
-        StepCosts(seconds={1: {PLAIN: 1.0}}, k=3, rates=(0.5, 1.5, 0.5))
+            StepCosts(seconds=bad, rates=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="rates: conditional"):
+        StepCosts(seconds={1: {PLAIN: 1.0}}, rates=(0.5, 1.5, 0.5))
     with pytest.raises(ValueError, match="num_reqs"):
         choose_budget(0, costs)
 
@@ -99,7 +108,7 @@ def test_conditional_rates():
 
 def test_shipped_demo_pair_table_loads():
     costs = demo_pair_costs()
-    assert costs.k >= 1 and len(costs.rates) == costs.k
+    assert costs.max_k >= 1 and costs.device
     assert all(PLAIN in row for row in costs.seconds.values())
 
 
@@ -126,15 +135,15 @@ def decoder_with(build, target, costs):
 
 def test_decoder_takes_the_tables_choice(build, pair):
     target, want = pair
-    plain = decoder_with(build, target, table(b4={PLAIN: 1.0, 4: 3.0, 12: 5.0}))
+    plain = decoder_with(build, target, table(b4={PLAIN: 1.0, (3, 4): 3.0, (3, 12): 5.0}))
     got = plain.generate(PROMPTS, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in got.tokens] == want
-    assert plain.budget == PLAIN and int(got.stats.verified_per_request.sum()) == 0
+    assert plain.budget == 0 and int(got.stats.verified_per_request.sum()) == 0
 
-    full = decoder_with(build, target, table(b4={PLAIN: 1.0, 4: 1.01, 12: 1.02}))
+    full = decoder_with(build, target, table(b4={PLAIN: 1.0, (3, 4): 1.01, (3, 12): 1.02}))
     got = full.generate(PROMPTS, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in got.tokens] == want
-    assert full.budget == 12
+    assert (full.k, full.budget) == (3, 12)
     assert torch.equal(got.stats.verified_per_request, K * got.stats.request_passes)
     # The run's own conditional rates replace the table's for the next run.
     accepted, tested = got.stats.accepted_per_position, got.stats.tested_per_position
@@ -158,17 +167,22 @@ def test_tested_counts_are_conditional(build, pair):
     assert int(b_tested[0]) < int(budgeted.request_passes.sum())  # some passes verified no draft
 
 
-def test_table_k_must_match(build, pair):
+def test_table_deeper_than_the_proposer(build, pair):
     target, _ = pair
-    with pytest.raises(ValueError, match="measured with k = 2"):
-        decoder_with(build, target, StepCosts(seconds={4: {PLAIN: 1.0}}, k=2, rates=(0.5, 0.5)))
+    with pytest.raises(ValueError, match="the table drafts up to k = 4"):
+        decoder_with(build, target, StepCosts(seconds={4: {PLAIN: 1.0}}, rates=(0.5, 0.5, 0.5, 0.5)))
 
 
-def test_all_budgets_of_a_small_table_are_lossless(build, pair):
-    """Every budget a 4-request table can choose, run: the target's own output."""
+def test_every_choice_of_a_small_table_is_lossless(build, pair):
+    """Every (k, budget) a 4-request table can choose, run one after another on one
+    decoder (the draft depth changes between runs): the target's own output."""
     target, want = pair
-    for budget in itertools.chain([PLAIN], range(1, 13, 3)):
-        decoder = decoder_with(build, target, table(b4={PLAIN: 10.0, budget: 1.0} if budget else {PLAIN: 1.0}))
+    decoder = decoder_with(build, target, table(b4={PLAIN: 1.0}))
+    decoder.budget_policy = None  # each run takes the choice set below, not the table's
+    for choice in itertools.chain([PLAIN], [Choice(k, b) for k in (1, 2, 3) for b in range(1, 4 * k + 1, 3)]):
+        decoder.take_choice(choice)
         got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
-        assert decoder.budget == budget
-        assert [t.tolist() for t in got.tokens] == want
+        assert [t.tolist() for t in got.tokens] == want, choice
+        assert (decoder.k, decoder.budget) == (choice.k or K, choice.budget)
+        assert got.stats.accepted_per_position.shape == (choice.k or K,)
+        assert int(got.stats.iteration_verified.sum(1).max()) <= choice.budget

@@ -114,8 +114,8 @@ def check_budget(budget, proposer):
     if budget is None:
         return None
     if isinstance(budget, StepCosts):
-        if proposer is not None and budget.k != proposer.num_speculative_tokens:
-            raise ValueError(f"budget: the table was measured with k = {budget.k}, the proposer drafts "
+        if proposer is not None and budget.max_k > proposer.num_speculative_tokens:
+            raise ValueError(f"budget: the table drafts up to k = {budget.max_k}, the proposer "
                              f"{proposer.num_speculative_tokens}")  # fmt: skip
     elif isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ValueError(

@@ -23,7 +23,7 @@ from . import checks
 from .budget import check_budget, kept_drafts, packed_windows, survival_from
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
-from .step_costs import PLAIN, StepCosts, choose_budget, conditional_rates
+from .step_costs import PLAIN, Choice, StepCosts, choose_budget, conditional_rates
 from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
 
 
@@ -112,6 +112,7 @@ class SpeculativeDecoder:
         self.budget_policy = check_budget(budget, proposer)
         self.budget = budget if isinstance(budget, int) else None  # a StepCosts table chooses it per run
         self.acceptance_rates = budget.rates if isinstance(budget, StepCosts) else None
+        self.full_proposer, self.fewer_drafts = proposer, {}  # a table may choose fewer drafts per run
         self.target = target
         self.proposer = proposer
         if proposer is not None:
@@ -271,7 +272,7 @@ class SpeculativeDecoder:
         after its last accepted token; rejected tokens stay as padding, and their KV
         slots are rewritten by the next pass (positions restart from the accepted
         length). Finished requests are discarded (they draft from their last token)."""
-        if self.k == 0 or self.budget == PLAIN:
+        if self.k == 0 or self.budget == 0:
             return state
         num_reqs = state.lens.shape[0]
         if verified.metadata is None:
@@ -292,6 +293,23 @@ class SpeculativeDecoder:
         return self.draft(state, verified, requests)
 
     # ------------------------------------------------------------------ a run
+
+    @property
+    def draft_depths(self) -> range:
+        """The draft depths a budget table may choose: 1 .. the proposer's K, or K
+        alone when it cannot draft fewer (Proposer.drafts_fewer)."""
+        k = self.full_proposer.num_speculative_tokens
+        return range(1 if getattr(self.full_proposer, "drafts_fewer", False) else k, k + 1)
+
+    def take_choice(self, choice: Choice) -> None:
+        """A budget table's choice for the next run: PLAIN (budget 0: no draft pass) or
+        k drafts per request with a budget (a proposer drafting k, kept per k so that
+        a compiled iteration sees the same object again)."""
+        proposer = self.full_proposer
+        k = proposer.num_speculative_tokens if choice == PLAIN else choice.k
+        if k not in self.fewer_drafts:
+            self.fewer_drafts[k] = proposer.with_num_drafts(k)
+        self.proposer, self.k, self.budget = self.fewer_drafts[k], k, choice.budget
 
     def requests(self, prompts, max_new_tokens, sampling, eos_token_id) -> tuple[list[torch.Tensor], Requests]:
         """Checked prompts and the per-request tensors on the target's device."""
@@ -332,7 +350,7 @@ class SpeculativeDecoder:
         max_new_tokens, or max_model_len total tokens. See `generate` for the arguments;
         progress: True (a bar labelled "generate") or the bar's label."""
         if isinstance(self.budget_policy, StepCosts):
-            self.budget = choose_budget(len(prompts), self.budget_policy, self.acceptance_rates)
+            self.take_choice(choose_budget(len(prompts), self.budget_policy, self.acceptance_rates, self.draft_depths))
         prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
         if hasattr(self.proposer, "reset_cache"):
             self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache
@@ -378,9 +396,9 @@ class SpeculativeDecoder:
         tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
         stats = build_stats(state, timings, trace)
         if isinstance(self.budget_policy, StepCosts):  # the next run's estimate
-            self.acceptance_rates = conditional_rates(stats.accepted_per_position, stats.tested_per_position) or (
-                self.acceptance_rates
-            )
+            rates = conditional_rates(stats.accepted_per_position, stats.tested_per_position)
+            if rates is not None:  # positions this run drafted; deeper ones keep their estimate
+                self.acceptance_rates = rates + tuple(self.acceptance_rates[len(rates) :])
         return GenerationResult(tokens, stats)
 
 

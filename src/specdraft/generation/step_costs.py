@@ -15,7 +15,10 @@ a_0), then position 1 (a_0 a_1), and so on, so
 
     tokens(b) = B + sum_j min(B, max(0, b - j B)) * a_0 * ... * a_j
 
-and the chosen budget maximises tokens(b) / seconds(B, b) over the measured budgets.
+A choice is also how many tokens to draft (k <= the proposer's K: drafting costs
+time whether or not the drafts are verified), so the table holds measured times per
+(k, budget), and the chosen one maximises tokens / seconds over them and plain
+decoding.
 """
 
 from __future__ import annotations
@@ -24,25 +27,34 @@ import dataclasses
 import json
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from importlib import resources
+from typing import NamedTuple
 
-PLAIN = 0  # the budget key of plain decoding (no drafts, no draft pass)
+
+class Choice(NamedTuple):
+    """What an iteration runs: k draft steps per request and a budget of drafts
+    verified over the batch; PLAIN (0, 0) is plain decoding (no draft pass)."""
+
+    k: int
+    budget: int
+
+
+PLAIN = Choice(0, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepCosts:
     """Seconds per compiled iteration, measured on one device for one pair.
 
-    seconds: {B: {budget: seconds}}, where budget PLAIN (0) is plain decoding's
-    iteration (the target alone) and budget b >= 1 the budgeted iteration verifying at
-    most b drafts; k: the proposer's drafts per request when measured (budget B * k is
-    fixed K); rates: conditional per-position acceptance rates measured with the
-    costs (the prior of `choose_budget`); device, pair: what was measured, for the
-    reader (a table is only valid where it was measured)."""
+    seconds: {B: {Choice(k, budget): seconds}}: PLAIN is plain decoding's iteration
+    (the target alone); (k, b) the budgeted iteration drafting k tokens per request
+    and verifying at most b of them (b = B * k: every draft, fixed K). rates:
+    conditional per-position acceptance rates measured with the costs (the prior of
+    `choose_budget`), one per draft position of the deepest k. device, pair: what was
+    measured, for the reader (a table is only valid where it was measured)."""
 
-    seconds: dict[int, dict[int, float]]
-    k: int
+    seconds: dict[int, dict[Choice, float]]
     rates: tuple[float, ...]
     device: str = ""
     pair: str = ""
@@ -51,31 +63,37 @@ class StepCosts:
         if not self.seconds:
             raise ValueError("seconds: no measured batch size")
         for batch, row in self.seconds.items():
-            if not isinstance(batch, int) or batch < 1:
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
                 raise ValueError(f"seconds: batch sizes are ints >= 1, got {batch!r}")
             if PLAIN not in row:
-                raise ValueError(f"seconds[{batch}]: needs plain decoding's time (budget {PLAIN})")
-            for budget, value in row.items():
-                if not isinstance(budget, int) or not 0 <= budget <= batch * self.k:
-                    raise ValueError(
-                        f"seconds[{batch}]: budgets are ints in [0, B * k = {batch * self.k}], got {budget!r}"
-                    )
+                raise ValueError(f"seconds[{batch}]: needs plain decoding's time (PLAIN)")
+            for (k, budget), value in row.items():
+                if (k, budget) != PLAIN and not (1 <= k <= len(self.rates) and 0 <= budget <= batch * k):
+                    raise ValueError(f"seconds[{batch}]: a choice (k, budget) needs 1 <= k <= {len(self.rates)} "
+                                     f"(the rates) and 0 <= budget <= B * k, got {(k, budget)!r}")  # fmt: skip
                 if not (isinstance(value, float | int) and math.isfinite(value) and value > 0):
-                    raise ValueError(f"seconds[{batch}][{budget}]: a time > 0, got {value!r}")
-        if len(self.rates) != self.k or not all(0.0 <= r <= 1.0 for r in self.rates):
-            raise ValueError(f"rates: {self.k} conditional acceptance rates in [0, 1], got {self.rates!r}")
+                    raise ValueError(f"seconds[{batch}][{(k, budget)}]: a time > 0, got {value!r}")
+        if not self.rates or not all(0.0 <= r <= 1.0 for r in self.rates):
+            raise ValueError(f"rates: conditional acceptance rates in [0, 1], one per position, got {self.rates!r}")
+
+    @property
+    def max_k(self) -> int:
+        return len(self.rates)
 
     def to_json(self) -> str:
-        seconds = {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.seconds.items())}
-        body = {"device": self.device, "pair": self.pair, "k": self.k, "rates": list(self.rates), "seconds": seconds}
+        seconds = {str(b): {f"{k},{budget}": v for (k, budget), v in sorted(row.items())}
+                   for b, row in sorted(self.seconds.items())}  # fmt: skip
+        body = {"device": self.device, "pair": self.pair, "rates": list(self.rates), "seconds": seconds}
         return json.dumps(body, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> StepCosts:
         body = json.loads(text)
-        seconds = {int(b): {int(k): float(v) for k, v in row.items()} for b, row in body["seconds"].items()}
-        return cls(seconds, int(body["k"]), tuple(float(r) for r in body["rates"]), body.get("device", ""),
-                   body.get("pair", ""))  # fmt: skip
+        seconds = {
+            int(b): {Choice(*map(int, key.split(","))): float(v) for key, v in row.items()}
+            for b, row in body["seconds"].items()
+        }
+        return cls(seconds, tuple(float(r) for r in body["rates"]), body.get("device", ""), body.get("pair", ""))
 
     def save(self, path: str | pathlib.Path) -> None:
         pathlib.Path(path).write_text(self.to_json())
@@ -91,7 +109,8 @@ class StepCosts:
 
 
 def expected_tokens(budget: int, num_reqs: int, rates: Sequence[float]) -> float:
-    """Tokens an iteration emits in expectation at `budget` (module doc)."""
+    """Tokens an iteration emits in expectation at `budget`, drafting len(rates)
+    tokens per request (module doc)."""
     total, gain = float(num_reqs), 1.0
     for j, rate in enumerate(rates):
         gain *= rate
@@ -99,26 +118,29 @@ def expected_tokens(budget: int, num_reqs: int, rates: Sequence[float]) -> float
     return total
 
 
-def choose_budget(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None = None) -> int:
-    """The budget for a batch of num_reqs requests: the measured budget (scaled from
-    the nearest measured batch size to this one) with the most expected tokens per
-    second; PLAIN (0) for plain decoding. rates: conditional per-position acceptance
-    rates (default: the table's)."""
+def choose_budget(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None = None,
+                  draft_depths: Collection[int] | None = None) -> Choice:  # fmt: skip
+    """What a batch of num_reqs requests runs: the measured choice (its budget scaled
+    from the nearest measured batch size to this one) with the most expected tokens
+    per second; PLAIN for plain decoding. rates: conditional per-position acceptance
+    rates (default: the table's); draft_depths: the k the proposer can draft (default
+    any; choices of other k are skipped)."""
     if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or num_reqs < 1:
         raise ValueError(f"num_reqs: an int >= 1, got {num_reqs!r}")
     rates = costs.rates if rates is None else tuple(rates)
-    if len(rates) != costs.k:
-        raise ValueError(f"rates: {costs.k} rates (the table's k), got {len(rates)}")
     measured = costs.nearest_batch(num_reqs)
     best, best_rate = PLAIN, -1.0
-    for budget, seconds in sorted(costs.seconds[measured].items()):
-        scaled = round(budget * num_reqs / measured)
-        if budget != PLAIN and scaled == PLAIN:
+    for choice, seconds in sorted(costs.seconds[measured].items()):
+        if choice != PLAIN and draft_depths is not None and choice.k not in draft_depths:
+            continue
+        if choice.k > len(rates):
+            raise ValueError(f"rates: {len(rates)} rates, the table drafts up to k = {choice.k}")
+        budget = round(choice.budget * num_reqs / measured)
+        if choice != PLAIN and budget == 0:
             continue  # a budget that rounds to nothing is not plain decoding's time
-        tokens = num_reqs if budget == PLAIN else expected_tokens(scaled, num_reqs, rates)
-        rate = tokens / seconds
-        if rate > best_rate:
-            best, best_rate = scaled, rate
+        tokens = num_reqs if choice == PLAIN else expected_tokens(budget, num_reqs, rates[: choice.k])
+        if tokens / seconds > best_rate:
+            best, best_rate = (PLAIN if choice == PLAIN else Choice(choice.k, budget)), tokens / seconds
     return best
 
 

@@ -4,6 +4,7 @@ for every proposer: `propose_padded` (no host sync) and `propose_unpadded` (the
 batch repacked without its rejected tokens, `repack`). The propose loop itself is
 in loop.py."""
 
+import copy
 import dataclasses
 
 import torch
@@ -94,6 +95,24 @@ class Proposer:
     @property
     def num_speculative_tokens(self) -> int:
         return self.config.num_speculative_tokens
+
+    # Whether `with_num_drafts` may draft fewer tokens than the config's K (EAGLE and
+    # block proposers; one whose state is sized by K keeps False).
+    drafts_fewer = False
+
+    def with_num_drafts(self, k: int) -> "Proposer":
+        """This proposer drafting k <= K tokens per request: a shallow copy sharing its
+        head and KV caches (sized for K, so large enough), with config.num_speculative_tokens
+        = k. What a budget's choice of draft depth runs (generation/step_costs.py)."""
+        if k == self.num_speculative_tokens:
+            return self
+        if not self.drafts_fewer:
+            raise ValueError(f"k: {type(self).__name__} drafts exactly its config's K = {self.num_speculative_tokens}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_speculative_tokens:
+            raise ValueError(f"k: an int in [1, {self.num_speculative_tokens}], got {k!r}")
+        fewer = copy.copy(self)
+        fewer.config = dataclasses.replace(self.config, num_speculative_tokens=k)
+        return fewer
 
     # ------------------------------------------------------------ propose's prologue
 

@@ -145,6 +145,8 @@ class BlockProposer(Proposer):
     `propose_padded` / `propose_unpadded` (specdraft.proposers.base.Proposer). Returns
     a BlockDraftOutput (draft tokens, draft probs, DSpark's confidence logits)."""
 
+    drafts_fewer = True
+
     def __init__(self, model: torch.nn.Module, config: SpeculativeConfig, kv_caches: list[torch.Tensor]) -> None:
         super().__init__(model, config, kv_caches)
         check_method(model, config.method)

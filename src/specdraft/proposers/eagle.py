@@ -53,6 +53,8 @@ class EagleProposer(Proposer):
     (specdraft.models.heads): `propose`, or after verification `propose_padded` /
     `propose_unpadded` (specdraft.proposers.base.Proposer)."""
 
+    drafts_fewer = True
+
     def __init__(self, model: torch.nn.Module, config: SpeculativeConfig, kv_caches: list[torch.Tensor]) -> None:
         super().__init__(model, config, kv_caches)
         check_method(model, config.method)
