@@ -141,6 +141,10 @@ REFUSED = [
     (["demo", "--drafter", "dflash", "--tree", "auto"], "--tree auto with --drafter dflash: a block drafter"),
     (["demo", "--drafter", "dspark", "--k", "9"], "--k 9 with --drafter dspark: a block drafts at most its block size"),
     (["demo", "--drafter", "eagle"], "argument --drafter: invalid choice: 'eagle'"),
+    # Budgeted verification: an int >= 0 or auto, chains and blocks only.
+    (["demo", "--budget", "-1"], "--budget must be auto or an int >= 0, got -1"),
+    (["demo", "--budget", "half"], "--budget must be auto or an int >= 0, got 'half'"),
+    (["demo", "--budget", "4", "--tree", "4,4,16"], "--budget with --tree 4,4,16: a draft tree verifies all its nodes"),
 ]
 
 REFUSED_SCRIPT = textwrap.dedent(

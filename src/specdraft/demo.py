@@ -373,11 +373,12 @@ def run_demo(args: argparse.Namespace) -> int:
         from specdraft.generation.step_costs import choose_budget, demo_pair_costs
 
         budget = demo_pair_costs()
-        if budget.k != args.k:
-            raise ValueError(f"--budget auto: the demo pair's step costs were measured at K = {budget.k} (pass --k "
-                             f"{budget.k})")  # fmt: skip
-        print(f"--budget auto: at B = {len(prompts)} the measured step costs pick a budget of "
-              f"{choose_budget(len(prompts), budget)} drafts per iteration ({budget.device})")  # fmt: skip
+        if budget.max_k > args.k:
+            raise ValueError(f"--budget auto: the demo pair's step costs draft up to K = {budget.max_k} (pass --k "
+                             f"{budget.max_k} or more)")  # fmt: skip
+        k, drafts = choose_budget(len(prompts), budget)
+        what = "plain decoding" if k == 0 else f"{k} drafts per request, at most {drafts} verified per iteration"
+        print(f"--budget auto: at B = {len(prompts)} the step costs measured on the {budget.device} pick {what}")
     plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter,
                                  budget=budget)  # fmt: skip
     k = args.k if args.tree is None else args.tree.depth

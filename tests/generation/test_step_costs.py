@@ -186,3 +186,22 @@ def test_every_choice_of_a_small_table_is_lossless(build, pair):
         assert (decoder.k, decoder.budget) == (choice.k or K, choice.budget)
         assert got.stats.accepted_per_position.shape == (choice.k or K,)
         assert int(got.stats.iteration_verified.sum(1).max()) <= choice.budget
+
+
+def test_choice_stays_unless_another_is_clearly_faster(build, pair):
+    """A batch size keeps its choice while another is within SWITCH_MARGIN (each
+    choice is a graph of its own), and changes when one is clearly faster."""
+    from specdraft.generation.decoder import SWITCH_MARGIN
+
+    target, _ = pair
+    costs = table(b4={PLAIN: 1.0, (1, 4): 1.5, (3, 12): 2.5})
+    decoder = decoder_with(build, target, costs)
+    decoder.acceptance_rates = (0.8, 0.7, 0.6)  # (1, 4): 7.2 / 1.5 = 4.8; (3, 12): 10.7 / 2.5 = 4.28
+    assert decoder.choose_for_run(4) == (1, 4)
+    # (3, 12) now a little faster: 4 + 4 (0.8 + 0.72 + 0.72 * 0.85) = 12.53 / 2.5 = 5.01 < 4.8 * (1 + margin)
+    decoder.acceptance_rates = (0.8, 0.9, 0.85)
+    assert 4.8 < 12.528 / 2.5 < 4.8 * (1 + SWITCH_MARGIN)
+    assert decoder.choose_for_run(4) == (1, 4)
+    decoder.acceptance_rates = (0.8, 1.0, 1.0)  # 16.8 / 2.5 = 6.72: clearly faster
+    assert decoder.choose_for_run(4) == (3, 12)
+    assert choose_budget(4, costs, rates=(0.8, 0.9, 0.85)) == (3, 12)  # without the margin it would have switched

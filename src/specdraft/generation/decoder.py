@@ -23,7 +23,7 @@ from . import checks
 from .budget import check_budget, kept_drafts, packed_windows, survival_from
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
-from .step_costs import PLAIN, Choice, StepCosts, choose_budget, conditional_rates
+from .step_costs import PLAIN, Choice, StepCosts, conditional_rates, predicted_rates
 from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
 
 
@@ -55,6 +55,9 @@ def num_kv_blocks(num_reqs: int, max_model_len: int, num_speculative_tokens: int
     batch of num_reqs prompts: every request gets ceil((max_model_len + K) /
     block_size) blocks."""
     return num_reqs * checks.blocks_per_request(max_model_len, num_speculative_tokens, block_size)
+
+
+SWITCH_MARGIN = 0.05  # a budget table's choice changes when another is expected this much faster
 
 
 class SpeculativeDecoder:
@@ -113,6 +116,7 @@ class SpeculativeDecoder:
         self.budget = budget if isinstance(budget, int) else None  # a StepCosts table chooses it per run
         self.acceptance_rates = budget.rates if isinstance(budget, StepCosts) else None
         self.full_proposer, self.fewer_drafts = proposer, {}  # a table may choose fewer drafts per run
+        self.run_choices: dict[int, Choice] = {}  # a table's choice per batch size, kept between runs
         self.target = target
         self.proposer = proposer
         if proposer is not None:
@@ -301,6 +305,20 @@ class SpeculativeDecoder:
         k = self.full_proposer.num_speculative_tokens
         return range(1 if getattr(self.full_proposer, "drafts_fewer", False) else k, k + 1)
 
+    def choose_for_run(self, num_reqs: int) -> Choice:
+        """The table's choice for a run of num_reqs requests with the current acceptance
+        estimate; the batch size's previous choice is kept unless the new one is
+        expected to be SWITCH_MARGIN faster (each choice is a graph of its own: a
+        change costs a compile, and a noisy estimate should not flip between two near
+        equals)."""
+        speeds = predicted_rates(num_reqs, self.budget_policy, self.acceptance_rates, self.draft_depths)
+        best = max(speeds, key=speeds.__getitem__)
+        current = self.run_choices.get(num_reqs)
+        if current in speeds and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
+            return current
+        self.run_choices[num_reqs] = best
+        return best
+
     def take_choice(self, choice: Choice) -> None:
         """A budget table's choice for the next run: PLAIN (budget 0: no draft pass) or
         k drafts per request with a budget (a proposer drafting k, kept per k so that
@@ -350,7 +368,7 @@ class SpeculativeDecoder:
         max_new_tokens, or max_model_len total tokens. See `generate` for the arguments;
         progress: True (a bar labelled "generate") or the bar's label."""
         if isinstance(self.budget_policy, StepCosts):
-            self.take_choice(choose_budget(len(prompts), self.budget_policy, self.acceptance_rates, self.draft_depths))
+            self.take_choice(self.choose_for_run(len(prompts)))
         prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
         if hasattr(self.proposer, "reset_cache"):
             self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache

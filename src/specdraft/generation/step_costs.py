@@ -118,18 +118,18 @@ def expected_tokens(budget: int, num_reqs: int, rates: Sequence[float]) -> float
     return total
 
 
-def choose_budget(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None = None,
-                  draft_depths: Collection[int] | None = None) -> Choice:  # fmt: skip
-    """What a batch of num_reqs requests runs: the measured choice (its budget scaled
-    from the nearest measured batch size to this one) with the most expected tokens
-    per second; PLAIN for plain decoding. rates: conditional per-position acceptance
-    rates (default: the table's); draft_depths: the k the proposer can draft (default
-    any; choices of other k are skipped)."""
+def predicted_rates(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None = None,
+                    draft_depths: Collection[int] | None = None) -> dict[Choice, float]:  # fmt: skip
+    """Expected tokens per second of every measured choice for a batch of num_reqs
+    requests (its budget scaled from the nearest measured batch size to this one).
+    rates: conditional per-position acceptance rates (default: the table's);
+    draft_depths: the k the proposer can draft (default any; choices of other k are
+    left out)."""
     if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or num_reqs < 1:
         raise ValueError(f"num_reqs: an int >= 1, got {num_reqs!r}")
     rates = costs.rates if rates is None else tuple(rates)
     measured = costs.nearest_batch(num_reqs)
-    best, best_rate = PLAIN, -1.0
+    speeds = {}
     for choice, seconds in sorted(costs.seconds[measured].items()):
         if choice != PLAIN and draft_depths is not None and choice.k not in draft_depths:
             continue
@@ -139,9 +139,17 @@ def choose_budget(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None
         if choice != PLAIN and budget == 0:
             continue  # a budget that rounds to nothing is not plain decoding's time
         tokens = num_reqs if choice == PLAIN else expected_tokens(budget, num_reqs, rates[: choice.k])
-        if tokens / seconds > best_rate:
-            best, best_rate = (PLAIN if choice == PLAIN else Choice(choice.k, budget)), tokens / seconds
-    return best
+        speeds[PLAIN if choice == PLAIN else Choice(choice.k, budget)] = tokens / seconds
+    return speeds
+
+
+def choose_budget(num_reqs: int, costs: StepCosts, rates: Sequence[float] | None = None,
+                  draft_depths: Collection[int] | None = None) -> Choice:  # fmt: skip
+    """What a batch of num_reqs requests runs: the choice of `predicted_rates` with
+    the most expected tokens per second (PLAIN: plain decoding); the first measured
+    one on a tie."""
+    speeds = predicted_rates(num_reqs, costs, rates, draft_depths)
+    return max(speeds, key=speeds.__getitem__)
 
 
 def conditional_rates(accepted_per_position, tested_per_position) -> tuple[float, ...] | None:
