@@ -89,6 +89,9 @@ print('wheel-smoke: demo --json holds', ', '.join(sorted(stats)))
 # The block drafters ship too (demo_pair/dflash, demo_pair/dspark): DSpark, briefly.
 "$PY" -m specdraft.demo --no-compile --drafter dspark --prompts 2 --max-new-tokens 24 --no-sampled --no-progress \
     | grep "greedy outputs identical: yes"
+# Budgeted verification's shipped step costs (generation/demo_pair_step_costs.json): --budget auto.
+"$PY" -m specdraft.demo --no-compile --budget auto --prompts 2 --max-new-tokens 24 --no-sampled --no-progress \
+    | grep "greedy outputs identical: yes"
 
 # A library user's path, which needs what the wheel declares (numpy, through
 # safetensors): save a head, capture a target's outputs as shards, evaluate them.
