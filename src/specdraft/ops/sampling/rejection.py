@@ -12,6 +12,14 @@ with -1) and target logits for K + 1 rows (row n gives the bonus token):
   first rejection j, emit a sample of normalise(max(p_j - q_j, 0)); if all are
   accepted, emit a sample of p_n. A draft token outside [0, V) is rejected.
 
+Truncation (top-k / top-p / min-p): with `logit_cut` [B, K + 1], one cut per target
+row (ops.truncation_cut of the rows viewed as [B * (K + 1), V]), a random request's
+p_j is softmax(target_j / T) restricted to {i : target_j[i] >= cut[b, j]},
+renormalised: in the acceptance test, the residual max(p_j - q_j, 0) and the bonus
+token alike. The emitted tokens then follow the truncated target exactly, whatever q
+is (drafts inside or outside the truncation: a draft the cut removes has p = 0 and
+is always rejected). The noise is unchanged: the cut only masks.
+
 Noise: the counter-based hash of noise.py, at position positions[b] + j for row j,
 in two streams of its own (so independent of the draft sampling noise at the same
 position): STREAM_ACCEPT for u_j (token index 0), STREAM_SAMPLE for the emitted
@@ -52,7 +60,7 @@ from ..common.scan import (
     lane_argmax_update,
     scan_vocab,
 )
-from .draft import check_draft_sample_values
+from .draft import check_draft_sample_values, check_logit_cut_arg, check_logit_cut_values, truncate_logits
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -72,7 +80,7 @@ from .noise import (
     uniform_torch,
 )
 from .tiles import RS_LARGE_FROM, RS_TILES_LARGE, RS_TILES_SMALL, SPLIT_BLOCK
-from .verify_kernels import gumbel_step, race_finish_kernel, target_stats_kernel
+from .verify_kernels import gumbel_step, race_finish_kernel, row_cut, target_stats_kernel
 
 # ------------------------------------------- the chain kernel and its device-side rules
 
@@ -85,9 +93,12 @@ def residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
     (args). Without draft probs q is the one-hot of the rejected token."""
     HAS_DRAFT_PROBS: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
     FAST: tl.constexpr = FLAGS[1]
+    CUT: tl.constexpr = FLAGS[2]
     race, race_idx, fall, fall_idx = acc
-    gain, max2, inv_sum, key, end, rejected = args
+    gain, max2, inv_sum, key, end, rejected, cut = args
     mask = idx < end
+    if CUT:  # p = 0 below the cut
+        x = tl.where(x < cut, float("-inf"), x)
     p = exp2(x * gain - max2, FAST) * inv_sum
     if not HAS_DRAFT_PROBS:
         q = (idx == rejected).to(tl.float32)
@@ -103,11 +114,12 @@ def residual_race_step(acc, x, q, idx, args, FLAGS: tl.constexpr):
 @triton.jit
 def accept_draft(
     logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
-    draft, logits_row, q_row, parts, greedy, temp, seed, position, vocab, num_splits,
+    draft, logits_row, q_row, parts, greedy, temp, seed, position, vocab, num_splits, cut,
     ACCEPT_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Whether one draft token is accepted (as int32), from the statistics kernel's
-    partials of its target row: greedy, draft == argmax; random, u * q(x) <= p(x)."""
+    partials of its target row: greedy, draft == argmax; random, u * q(x) <= p(x),
+    p(x) = 0 where the logit is below the row's cut."""
     if greedy:
         _, target = combine_argmax(part_key_ptr + parts, part_idx_ptr + parts, num_splits, SPLIT_BLOCK)
         accept = (draft == target).to(tl.int32)
@@ -115,6 +127,7 @@ def accept_draft(
         valid = (draft >= 0) & (draft < vocab)
         run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
         x = tl.load(logits_ptr + logits_row + draft, mask=valid, other=float("-inf")).to(tl.float32)
+        x = tl.where(x < cut, float("-inf"), x)  # cut = -inf without truncation
         p = tl.exp(x / temp - run_max) / run_sum
         if HAS_DRAFT_PROBS:
             q = tl.load(draft_probs_ptr + q_row * vocab + draft, mask=valid, other=0.0).to(tl.float32)
@@ -128,11 +141,12 @@ def accept_draft(
 @triton.jit
 def _rs_chain_kernel(
     logits_ptr, draft_tokens_ptr, draft_probs_ptr, num_draft_ptr, temperature_ptr, seeds_ptr, positions_ptr,
+    cut_ptr,  # [B, K + 1], read with HAS_CUT
     tokens_ptr, counts_ptr,  # out
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the statistics kernel's partials
     race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # out: per (request, chunk)
     vocab, req_stride, row_stride, num_spec, num_splits,
-    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr,
+    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, HAS_CUT: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
@@ -155,7 +169,7 @@ def _rs_chain_kernel(
                 logits_ptr, draft_probs_ptr, part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,
                 tl.load(draft_base + j).to(tl.int64), req * req_stride + j * row_stride, req * num_spec + j,
                 row * num_splits,
-                greedy, temp, seed, position + j, vocab, num_splits,
+                greedy, temp, seed, position + j, vocab, num_splits, row_cut(cut_ptr, row, HAS_CUT),
                 ACCEPT_KEY, HAS_DRAFT_PROBS, SPLIT_BLOCK,
             )  # fmt: skip
         count += accept
@@ -175,6 +189,7 @@ def _rs_chain_kernel(
 
     if not greedy:
         key = row_key(seed, position + count, SAMPLE_KEY)
+        cut = row_cut(cut_ptr, row, HAS_CUT)
         row_ptr = logits_ptr + req * req_stride + count * row_stride
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, vocab)
@@ -184,15 +199,15 @@ def _rs_chain_kernel(
             run_max, run_sum = combine_softmax(part_max_ptr + parts, part_sum_ptr + parts, num_splits, SPLIT_BLOCK)
             rejected = tl.load(draft_base + count).to(tl.int64)
             q_ptr = draft_probs_ptr + (req * num_spec + count) * vocab
-            args = (gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected)
+            args = (gumbel_gain(temp), run_max * 1.4426950408889634, 1.0 / run_sum, key, end, rejected, cut)
             race, race_idx, fall, fall_idx = scan_vocab(
                 row_ptr, q_ptr, start, end, (race, race_idx, fall, fall_idx), args, residual_race_step,
-                (HAS_DRAFT_PROBS, FAST_LOG2), HAS_DRAFT_PROBS, BLOCK,
+                (HAS_DRAFT_PROBS, FAST_LOG2, HAS_CUT), HAS_DRAFT_PROBS, BLOCK,
             )  # fmt: skip
         else:  # all accepted: the bonus token
             race, race_idx = scan_vocab(
-                row_ptr, row_ptr, start, end, (race, race_idx), (gumbel_gain(temp), key), gumbel_step, FAST_LOG2,
-                False, BLOCK,
+                row_ptr, row_ptr, start, end, (race, race_idx), (gumbel_gain(temp), key, cut), gumbel_step,
+                (FAST_LOG2, HAS_CUT), False, BLOCK,
             )  # fmt: skip
             fall, fall_idx = race, race_idx  # its own fallback: race_finish_kernel takes either
         race, race_idx = lane_argmax_finish(race, race_idx)
@@ -213,15 +228,16 @@ def _gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def rejection_sample_reference(
-    draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt: int = 0
-):
+    draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt: int = 0,
+    logit_cut=None,
+):  # fmt: skip
     num_reqs, num_spec = draft_tokens.shape
     vocab, device = target_logits.shape[-1], target_logits.device
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    x = target_logits.float()
+    target_argmax = target_logits.float().argmax(-1)  # [B, K+1]
+    x = truncate_logits(target_logits, temperature, logit_cut)  # greedy rows: untouched
     z = x / scale[:, None, None]
-    target_argmax = x.argmax(-1)  # [B, K+1]
     p = torch.softmax(z, -1)
     num_draft = num_draft_tokens.long().clamp(0, num_spec)
     steps = torch.arange(num_spec, device=device)
@@ -265,7 +281,7 @@ def rejection_sample_reference(
 # --------------------------------------------------------------------------- the op
 
 
-def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt):
+def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt, logit_cut):
     num_reqs, num_spec = draft_tokens.shape
     vocab, device = target_logits.shape[-1], target_logits.device
     tokens = torch.empty((num_reqs, num_spec + 1), dtype=torch.int32, device=device)
@@ -285,18 +301,20 @@ def _launch(draft_tokens, num_draft_tokens, draft_probs, target_logits, temperat
     fall_key = torch.empty_like(race_key)
     fall_idx = torch.empty_like(race_idx)
     probs = target_logits if draft_probs is None else draft_probs
+    cut_ptr = temperature if logit_cut is None else logit_cut  # unread without a cut
+    has_cut = logit_cut is not None
 
     wrap_triton(target_stats_kernel)[(num_reqs, num_spec + 1, num_splits)](
-        target_logits, num_draft_tokens, temperature, part_key, part_idx, part_max, part_sum,
+        target_logits, num_draft_tokens, temperature, cut_ptr, part_key, part_idx, part_max, part_sum,
         vocab, target_logits.stride(0), target_logits.stride(1), num_spec + 1, num_splits,
-        ROWS_OF_DRAFTS=True, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
+        ROWS_OF_DRAFTS=True, HAS_CUT=has_cut, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(_rs_chain_kernel)[(num_reqs, num_splits)](
-        target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, tokens, counts,
+        target_logits, draft_tokens, probs, num_draft_tokens, temperature, seeds, positions, cut_ptr, tokens, counts,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
         vocab, target_logits.stride(0), target_logits.stride(1), num_spec, num_splits,
         ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
-        HAS_DRAFT_PROBS=draft_probs is not None, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
+        HAS_DRAFT_PROBS=draft_probs is not None, HAS_CUT=has_cut, CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(race_finish_kernel)[(num_reqs,)](
@@ -316,8 +334,9 @@ def _rejection_sample_op(
     seeds: torch.Tensor,
     positions: torch.Tensor,
     salt: int,
+    logit_cut: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt)
+    args = (draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt, logit_cut)
     if not use_triton(target_logits):
         return rejection_sample_reference(*args)
     return _launch(*args)
@@ -336,6 +355,7 @@ def rejection_sample(
     positions: torch.Tensor,
     *,
     salt: int = 0,
+    logit_cut: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify K draft tokens per request against the target.
 
@@ -357,6 +377,14 @@ def rejection_sample(
         positions: [B] int32/int64, contiguous: position of the first draft token, draft
             j at positions + j.
         salt: Python int in [0, 2**31 - 1], default 0; part of the noise's hash.
+        logit_cut: [B, K + 1] fp32, contiguous, or None (no truncation, no extra work):
+            the cut of each target row (ops.truncation_cut of target_logits viewed as
+            [B * (K + 1), V], reshaped). A random request verifies against
+            softmax(target_j / T) over {i : target_j[i] >= cut[b, j]}, renormalised
+            (module docstring). Greedy requests ignore it; -inf keeps every token; a
+            cut above a sampled row's largest logit keeps none (checked mode refuses
+            it). draft_probs should be the distribution the drafts were drawn from,
+            truncated or not.
 
     Returns:
         (tokens, counts): tokens [B, K + 1] int32, the accepted drafts, the emitted
@@ -379,10 +407,13 @@ def rejection_sample(
     )  # fmt: skip
     check_request_params(num_reqs, temperature, seeds, positions, device_of=draft_tokens)
     check_salt(salt)
+    check_logit_cut_arg(logit_cut, (num_reqs, num_spec + 1), target_logits)
     if is_checked():
         check_rejection_sample_values(draft_tokens, num_draft_tokens, temperature, vocab, draft_probs)
+        if logit_cut is not None:
+            check_logit_cut_values(logit_cut, target_logits, temperature)
     return _rejection_sample_op(
-        draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt
+        draft_tokens, num_draft_tokens, draft_probs, target_logits, temperature, seeds, positions, salt, logit_cut
     )
 
 

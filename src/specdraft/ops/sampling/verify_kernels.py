@@ -16,6 +16,12 @@ rejection, Gumbel-max (`gumbel_step`, its own fallback) for the bonus token.
 (3) `race_finish_kernel`, per sampled request: the races' winner, the residual's
 unless every residual key is 0, written after the accepted drafts.
 
+Truncation (an optional logit cut per target row, ops/sampling/truncation): a
+sampled request's logits below its row's cut count as -inf wherever the row is read
+(its softmax statistics, p of a draft, the residual race, the bonus token's
+Gumbel-max): one compare per loaded logit, no extra pass. Greedy requests do not read
+the cut.
+
 Jit functions are imported by name: Inductor re-emits a user Triton kernel with the
 jit functions it calls, and a module attribute (noise.x) is not carried along.
 """
@@ -44,18 +50,38 @@ def argmax_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
 
 
 @triton.jit
-def gumbel_step(acc, x, side, idx, args, FAST: tl.constexpr):
-    """Sampling: the per-lane argmax of the base-2 Gumbel-max keys (args: gain, row key)."""
+def gumbel_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
+    """Sampling: the per-lane argmax of the base-2 Gumbel-max keys (args: gain, row
+    key, cut; FLAGS: FAST, CUT: logits below the cut count as -inf)."""
+    FAST: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
+    CUT: tl.constexpr = FLAGS[1]
     best, best_idx = acc
-    gain, key = args
+    gain, key, cut = args
+    if CUT:
+        x = tl.where(x < cut, float("-inf"), x)
     return lane_argmax_update(best, best_idx, gumbel_keys(x, idx, gain, key, FAST), idx)
 
 
 @triton.jit
-def lane_softmax_step(acc, x, side, idx, gain, FAST: tl.constexpr):
-    """Per-lane online softmax of x * gain (x / T in base 2), no reduction in the loop."""
+def lane_softmax_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
+    """Per-lane online softmax of x * gain (x / T in base 2), no reduction in the
+    loop (args: gain, cut; FLAGS: FAST, CUT: logits below the cut count as -inf)."""
+    FAST: tl.constexpr = FLAGS[0]
+    CUT: tl.constexpr = FLAGS[1]
     lane_max, lane_sum = acc
+    gain, cut = args
+    if CUT:
+        x = tl.where(x < cut, float("-inf"), x)
     return lane_softmax_update(lane_max, lane_sum, x * gain, FAST)
+
+
+@triton.jit
+def row_cut(cut_ptr, row, HAS_CUT: tl.constexpr):
+    """A target row's logit cut (flat row index into [B, R]); -inf without one."""
+    cut = tl.full([], float("-inf"), tl.float32)
+    if HAS_CUT:
+        cut = tl.load(cut_ptr + row).to(tl.float32)
+    return cut
 
 
 # ----------------------------------------------------------------------- kernels
@@ -63,14 +89,15 @@ def lane_softmax_step(acc, x, side, idx, gain, FAST: tl.constexpr):
 
 @triton.jit
 def target_stats_kernel(
-    logits_ptr, num_draft_ptr, temperature_ptr,
+    logits_ptr, num_draft_ptr, temperature_ptr, cut_ptr,
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # out: per (request, row, chunk)
     vocab, req_stride, row_stride, num_rows, num_splits,
-    ROWS_OF_DRAFTS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
+    ROWS_OF_DRAFTS: tl.constexpr, HAS_CUT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
     """Grid (B, R, chunks). With ROWS_OF_DRAFTS (the chain) a request's rows past
     its n = num_draft_ptr[b] drafts (clamped to [0, R - 1]) are never read; without
-    it (the tree) num_draft_ptr is not read."""
+    it (the tree) num_draft_ptr is not read. With HAS_CUT a sampled row's
+    statistics are over its logits >= cut_ptr[b, r] ([B, R], contiguous)."""
     req = tl.program_id(0).to(tl.int64)
     row_in_req = tl.program_id(1)
     split = tl.program_id(2)
@@ -95,9 +122,10 @@ def target_stats_kernel(
             )
         else:
             lane_max, lane_sum = lane_softmax_init(BLOCK)
+            args = (gumbel_gain(temp), row_cut(cut_ptr, row, HAS_CUT))
             lane_max, lane_sum = scan_vocab(
-                row_ptr, row_ptr, start, end, (lane_max, lane_sum), gumbel_gain(temp), lane_softmax_step,
-                FAST_LOG2, False, BLOCK,
+                row_ptr, row_ptr, start, end, (lane_max, lane_sum), args, lane_softmax_step,
+                (FAST_LOG2, HAS_CUT), False, BLOCK,
             )  # fmt: skip
             run_max, run_sum = lane_softmax_finish(lane_max, lane_sum)
         best, best_idx = lane_argmax_finish(best, best_idx)
