@@ -31,9 +31,11 @@ class SpeculativeConfig:
     parallel_drafting / parallel_drafting_token_id: draft all K tokens in one pass
         (the K - 1 extra slots carry this token id).
     salt: keeps the draft noise stream apart from the target's.
-    return_token_probs: also return the draft's probability of each drafted token,
-        [B, K] fp32 (softmax(logits / T) at the token; T = 1 for greedy rows): the
-        survival estimate budgeted verification ranks positions by.
+    return_draft_confidence: also return the draft's confidence at each drafted position,
+        [B, K] fp32: the largest probability of its distribution there (softmax(logits
+        / T) inside the request's truncation; T = 1 for greedy rows), its probability
+        of its own token when it drafts greedily: the survival estimate budgeted
+        verification ranks positions by.
     """
 
     method: str = "eagle"
@@ -45,7 +47,7 @@ class SpeculativeConfig:
     parallel_drafting: bool = False
     parallel_drafting_token_id: int | None = None
     salt: int = 0
-    return_token_probs: bool = False
+    return_draft_confidence: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -67,13 +69,36 @@ class SpeculativeConfig:
             raise ValueError(f"parallel_drafting_token_id must be a non-negative int, got {token!r}")
         if isinstance(self.salt, bool) or not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
             raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
-        if not isinstance(self.return_token_probs, bool):
-            raise ValueError(f"return_token_probs must be a bool, got {self.return_token_probs!r}")
+        if not isinstance(self.return_draft_confidence, bool):
+            raise ValueError(f"return_draft_confidence must be a bool, got {self.return_draft_confidence!r}")
 
 
 @dataclass
 class SamplingParams:
-    """Per-request draft sampling: temperature [B] fp32 (0 = greedy), seeds [B] int64."""
+    """Per-request sampling: temperature [B] fp32 (0 = greedy), seeds [B] int64, and
+    optionally the request's truncation (None: off for every request): top_k [B] int
+    (<= 0 or >= the vocabulary: off), top_p [B] float in (0, 1] (1: off), min_p [B]
+    float in [0, 1] (0: off); the rules and their order are ops.truncation_cut's."""
 
     temperature: torch.Tensor
     seeds: torch.Tensor
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether any truncation tensor is set (a host-side fact: no device read)."""
+        return self.top_k is not None or self.top_p is not None or self.min_p is not None
+
+    def truncation_rows(self, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(top_k int32, top_p fp32, min_p fp32), each request's `repeat` times in a row
+        (rows sampled per request), unset ones filled with their off value; None
+        without truncation."""
+        if not self.truncated:
+            return None
+        like = self.temperature
+        top_k = torch.zeros_like(like, dtype=torch.int32) if self.top_k is None else self.top_k.to(torch.int32)
+        top_p = torch.ones_like(like, dtype=torch.float32) if self.top_p is None else self.top_p.to(torch.float32)
+        min_p = torch.zeros_like(like, dtype=torch.float32) if self.min_p is None else self.min_p.to(torch.float32)
+        return tuple(t.repeat_interleave(repeat) if repeat > 1 else t for t in (top_k, top_p, min_p))

@@ -228,7 +228,7 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
     block = drafter in BLOCK_DRAFTERS
     config = SpeculativeConfig(
         method="block" if block else "eagle3", num_speculative_tokens=k, max_model_len=max_model_len,
-        block_size=BLOCK_SIZE, return_token_probs=budget is not None,
+        block_size=BLOCK_SIZE, return_draft_confidence=budget is not None,
     )  # fmt: skip
     reach = k if tree is None else tree.num_verify_tokens - 1  # KV positions a verify pass writes past a request
     caches = head.allocate_kv_caches(num_kv_blocks(num_prompts, max_model_len, reach, BLOCK_SIZE), BLOCK_SIZE)

@@ -29,7 +29,7 @@ MAX_MODEL_LEN = 24
 K = 3
 CHAIN_KINDS = ("eagle", "mtp", "multi_layer", "autoregressive")
 BLOCK_KINDS = ("dflash", "dspark-rnn-confidence", "dspark-gated")
-SURVIVAL = {"return_token_probs": True}
+SURVIVAL = {"return_draft_confidence": True}
 PROBABILISTIC = {"draft_sampling": "probabilistic", "return_probs": "probs", **SURVIVAL}
 
 
@@ -139,15 +139,30 @@ def sampled_pvalues(build, setup, kind, budget):
     return result, [chi_square_pvalue(s, j) for s, j in zip(groups, joints, strict=True)]
 
 
+@pytest.mark.parametrize("fraction", [0.25, 0.5], ids=["quarter", "half"])
 @pytest.mark.parametrize("kind", ["eagle", "dspark-vanilla-confidence"])
-def test_sampled_equals_target_distribution(build, sampled_setup, kind):
-    budget = len(sampled_setup[2])  # one draft per request on average, of K = 2
+def test_sampled_equals_target_distribution(build, sampled_setup, kind, fraction):
+    budget = int(fraction * 2 * len(sampled_setup[2]))  # of K = 2 drafts per request
     result, p = sampled_pvalues(build, sampled_setup, kind, budget)
     assert min(p) > 1e-3, p
     stats = result.stats
     check_budget_held(stats, budget)
     assert 0 < int(stats.verified_per_request.sum()) < 2 * int(stats.request_passes.sum())  # the budget cut
     assert int(stats.accepted_per_request.sum()) > 0.05 * int(stats.request_passes.sum())
+
+
+def test_ranking_by_the_drawn_tokens_probability_fails(build, sampled_setup, monkeypatch):
+    """The survival estimate must not read the token drawn at its position: ranking
+    by the draft's probability of its own sampled token (instead of its row's
+    confidence) biases what is accepted, and the test above catches it."""
+    import specdraft.generation.decoder as decoder_module
+
+    def drawn_token_probability(out):
+        return out.draft_probs.gather(2, out.draft_tokens.long()[..., None])[..., 0]
+
+    monkeypatch.setattr(decoder_module, "survival_from", drawn_token_probability)
+    _, p = sampled_pvalues(build, sampled_setup, "eagle", len(sampled_setup[2]) // 2)
+    assert min(p) < 1e-6, p
 
 
 def test_broken_rejection_sampling_fails(build, sampled_setup, monkeypatch):
@@ -187,7 +202,7 @@ def test_budgeted_iteration_compiles(build, chain_target):
         (-1, SURVIVAL, "budget: an int >= 0"),
         (True, SURVIVAL, "budget: an int >= 0"),
         (2.0, SURVIVAL, "budget: an int >= 0"),
-        (4, {}, "return_token_probs=True"),
+        (4, {}, "return_draft_confidence=True"),
     ],
 )
 def test_bad_budget(build, chain_target, budget, config, match):

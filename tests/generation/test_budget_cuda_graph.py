@@ -21,7 +21,7 @@ PROMPTS = [[3, 1, 4, 1, 5], [9, 2], [40, 41, 42, 43]]
 MAX_MODEL_LEN = 64
 K = 3
 BUDGET = 4  # of 3 * K = 9 drafts
-PROBABILISTIC = {"draft_sampling": "probabilistic", "return_probs": "probs", "return_token_probs": True}
+PROBABILISTIC = {"draft_sampling": "probabilistic", "return_probs": "probs", "return_draft_confidence": True}
 
 
 def budget_decoder(build, kind, compile) -> SpeculativeDecoder:

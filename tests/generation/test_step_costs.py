@@ -129,7 +129,7 @@ def pair(build):
 
 def decoder_with(build, target, costs):
     proposer = build.make_proposer("eagle", target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1,
-                                   return_token_probs=True)  # fmt: skip
+                                   return_draft_confidence=True)  # fmt: skip
     return SpeculativeDecoder(target, proposer, budget=costs)
 
 
@@ -155,7 +155,7 @@ def test_tested_counts_are_conditional(build, pair):
     draft 0 in every pass); under a budget at most then."""
     target, _ = pair
     proposer = build.make_proposer("eagle", target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1,
-                                   return_token_probs=True)  # fmt: skip
+                                   return_draft_confidence=True)  # fmt: skip
     stats = SpeculativeDecoder(target, proposer).generate(PROMPTS, max_new_tokens=MAX_NEW).stats
     accepted, tested = stats.accepted_per_position, stats.tested_per_position
     assert int(tested[0]) == int(stats.request_passes.sum())

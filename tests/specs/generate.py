@@ -59,9 +59,15 @@ def greedy_decode(target, prompt, max_new_tokens: int, *, eos_token_id=None, max
 
 
 @torch.no_grad()
-def sequence_distribution(target, prompt, temperature: float, num_tokens: int) -> torch.Tensor:
+def sequence_distribution(target, prompt, temperature: float, num_tokens: int, truncation=None,
+                          margins: list | None = None) -> torch.Tensor:  # fmt: skip
     """[V] * num_tokens float64: the probability of each continuation x1 .. xn when
-    the target samples softmax(logits / temperature) token by token."""
+    the target samples softmax(logits / temperature) token by token; truncation:
+    (top_k, top_p, min_p), each step's distribution then restricted to what
+    specs.truncation's plain-Python rule keeps and renormalised (margins, when given,
+    collects each step's distance of a top-p decision from its boundary)."""
+    from specs.truncation import kept, truncation_cut
+
     vocab = target.config.vocab_size
     joint = torch.zeros((vocab,) * num_tokens, dtype=torch.float64)
     prefixes = {(): 1.0}
@@ -69,6 +75,13 @@ def sequence_distribution(target, prompt, temperature: float, num_tokens: int) -
         next_prefixes = {}
         for prefix, p in prefixes.items():
             logits = dense_logits(target, list(prompt) + list(prefix))[-1].double()
+            if truncation is not None:
+                cut, margin = truncation_cut(logits.float().tolist(), temperature, *truncation)
+                keep = torch.zeros(vocab, dtype=torch.bool)
+                keep[sorted(kept(logits.float().tolist(), cut))] = True
+                logits = torch.where(keep, logits, float("-inf"))
+                if margins is not None:
+                    margins.append(margin)
             probs = torch.softmax(logits / temperature, dim=-1)
             for token in range(vocab):
                 next_prefixes[prefix + (token,)] = p * float(probs[token])

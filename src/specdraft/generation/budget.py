@@ -2,9 +2,11 @@
 best over the whole batch, up to a budget, instead of K per request.
 
 - **Survival estimate** of draft j of request r, s[r, j]: DSpark's confidence head
-  (sigmoid of its logit), otherwise the draft's own probability of the token it drafted
-  (SpeculativeConfig.return_token_probs). The expected gain of verifying position j is
-  the product s[r, 0] * ... * s[r, j]: the chance every draft up to j is accepted.
+  (sigmoid of its logit), otherwise the draft's confidence at position j, the largest
+  probability of its distribution there (SpeculativeConfig.return_draft_confidence;
+  its probability of its own token when it drafts greedily). The expected gain of
+  verifying position j is the product s[r, 0] * ... * s[r, j]: the chance every draft
+  up to j is accepted.
 - **Allocation**: the `budget` best positions of the batch by that gain (ops.budget_keep:
   ties go to the lower position, so a kept draft always has its predecessors kept). A
   request keeps a prefix of its drafts, possibly none (it decodes plainly that
@@ -16,7 +18,15 @@ best over the whole batch, up to a budget, instead of K per request.
   kept_r drafts of request r, and the draft pass reads the same packed windows.
 
 Verifying a prefix of a draft is lossless, so greedy output stays the target's own and
-sampled output keeps the target's distribution whatever the budget. A budget of at
+sampled output keeps the target's distribution whatever the budget, provided the
+decision to verify draft j does not depend on the token drawn at j: s[r, j] is a
+function of the context before it (the draft's distribution at j, DSpark's head
+reading the hidden state and the token before j), and draft j's rank never depends on
+the positions after it (they rank below it). A rule reading the drawn token itself
+(its own probability under a sampled draft) is not lossless: verifying a drawn
+token only when it is likely over-represents likely tokens among those accepted
+(tests/generation/test_budget.py measured it: a chi-square p-value of 0 at half the
+drafts). A budget of at
 least B * K keeps every draft of every running request: today's fixed-K iteration,
 token for token.
 """
@@ -56,8 +66,8 @@ def survival_from(out) -> torch.Tensor | None:
     confidence = getattr(out, "confidence_logits", None)
     if confidence is not None:
         return torch.sigmoid(confidence.float())
-    token_probs = getattr(out, "token_probs", None)
-    return None if token_probs is None else token_probs.float()
+    draft_confidence = getattr(out, "draft_confidence", None)
+    return None if draft_confidence is None else draft_confidence.float()
 
 
 def expected_gains(survival: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
@@ -125,9 +135,9 @@ def check_budget(budget, proposer):
     if proposer is None:
         raise ValueError("budget: plain decoding (no proposer) has no drafts to budget")
     confidence = getattr(getattr(proposer, "model", None), "confidence_head", None) is not None
-    if not (confidence or proposer.config.return_token_probs):
+    if not (confidence or proposer.config.return_draft_confidence):
         raise ValueError(
             "budget: the proposer returns no survival estimates; build it with "
-            "SpeculativeConfig(return_token_probs=True) (or a DSpark head with a confidence head)"
+            "SpeculativeConfig(return_draft_confidence=True) (or a DSpark head with a confidence head)"
         )
     return budget

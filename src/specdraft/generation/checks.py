@@ -171,6 +171,37 @@ def check_generation_sampling(
     return temperature, seeds.detach().to("cpu", torch.int64)
 
 
+def check_truncation(sampling: SamplingParams | None, num_reqs: int) -> dict[str, torch.Tensor]:
+    """The request's truncation as CPU tensors {"top_k": int32, "top_p": fp32,
+    "min_p": fp32} (those set; {} without sampling or truncation). top_k: ints (<= 0 or
+    >= the vocabulary: off); top_p in (0, 1]; min_p in [0, 1]."""
+    if sampling is None:
+        return {}
+    out = {}
+    for name in ("top_k", "top_p", "min_p"):
+        value = getattr(sampling, name)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (num_reqs,):
+            raise ValueError(f"sampling.{name} must be a [{num_reqs}] tensor (one per prompt) or None")
+        if name == "top_k":
+            if value.is_floating_point() or value.dtype == torch.bool or value.is_complex():
+                raise ValueError(f"sampling.top_k must be an int tensor (<= 0: off), got {value.dtype}")
+            out[name] = value.detach().to("cpu", torch.int32)
+            continue
+        if not value.is_floating_point():
+            raise ValueError(f"sampling.{name} must be floating point, got {value.dtype}")
+        value = value.detach().to("cpu", torch.float32)
+        low_open = name == "top_p"
+        bad = ~((value > 0) if low_open else (value >= 0)) | ~(value <= 1)  # NaN fails both
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0, 0])
+            bound = "(0, 1] (1: off)" if low_open else "[0, 1] (0: off)"
+            raise ValueError(f"sampling.{name}[{first}] = {float(value[first])} is outside {bound}")
+        out[name] = value
+    return out
+
+
 def blocks_per_request(max_model_len: int, num_speculative_tokens: int, block_size: int) -> int:
     """KV blocks one request needs: a verify pass of a request that is at most at
     max_model_len - 1 reaches K positions further."""

@@ -90,7 +90,7 @@ class SpeculativeDecoder:
     tokens per second at its batch size, from the table's measured iteration times and
     the acceptance rates of the decoder's last run (the table's own at first). Needs a
     chain or block proposer returning survival estimates
-    (SpeculativeConfig(return_token_probs=True), or a DSpark confidence head). A compiled iteration is reused by every later run with the same
+    (SpeculativeConfig(return_draft_confidence=True), or a DSpark confidence head). A compiled iteration is reused by every later run with the same
     batch size and the same all-greedy-or-not sampling (max_new_tokens, prompts,
     temperatures and seeds are tensors or host-side values it does not depend on).
 
@@ -98,6 +98,8 @@ class SpeculativeDecoder:
     passed as target_kv_caches; the draft's are the proposer's. Both use one block
     table: request b owns blocks b * n .. b * n + n - 1.
     """
+
+    truncates = True  # verifies against a request's top-k / top-p / min-p (trees: not yet)
 
     def __init__(
         self,
@@ -337,6 +339,10 @@ class SpeculativeDecoder:
         max_new = checks.check_max_new_tokens(max_new_tokens, num_reqs)
         eos = checks.check_eos(eos_token_id, num_reqs, vocab)
         temperature, seeds = checks.check_generation_sampling(sampling, num_reqs, self.proposer)
+        truncation = checks.check_truncation(sampling, num_reqs)
+        if truncation and not self.truncates:
+            raise ValueError(f"sampling.{next(iter(truncation))}: {type(self).__name__} verifies without truncation "
+                             "(top-k / top-p / min-p) for now")  # fmt: skip
         num_blocks = num_reqs * self.blocks_per_request
         if self.proposer is not None:
             checks.check_draft_capacity(self.proposer, num_blocks, num_reqs)
@@ -347,7 +353,11 @@ class SpeculativeDecoder:
             block_table=torch.arange(num_blocks, dtype=torch.int32).view(num_reqs, -1).to(device),
             limits=torch.tensor(limits, dtype=torch.int64, device=device),
             eos_token_ids=torch.tensor(eos, dtype=torch.int64, device=device),
-            sampling=SamplingParams(temperature=temperature.to(device), seeds=seeds.to(device)),
+            sampling=SamplingParams(
+                temperature=temperature.to(device),
+                seeds=seeds.to(device),
+                **{name: t.to(device) for name, t in truncation.items()},
+            ),  # fmt: skip
             all_greedy=bool((temperature == 0).all()),
             budget=None if self.budget is None else torch.tensor(self.budget, dtype=torch.int64, device=device),
         )

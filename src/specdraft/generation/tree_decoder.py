@@ -144,6 +144,8 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
     tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
 
+    truncates = False  # ops.tree_verify takes no truncation yet
+
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         check_tree_shape("tree", tree)
         if kwargs.get("budget") is not None:

@@ -12,7 +12,7 @@ speculative path uses for a bonus token.
 import torch
 
 from specdraft.layout import BatchMetadata, TreeBatchMetadata
-from specdraft.ops import rejection_sample, tree_ancestors, tree_positions
+from specdraft.ops import rejection_sample, tree_ancestors, tree_positions, truncation_cut
 
 from .state import Requests
 
@@ -114,15 +114,28 @@ def sample_target(logits: torch.Tensor, drafts, draft_probs, requests: Requests,
     elif num_drafts is None:
         num_drafts = torch.full((num_reqs,), drafts.shape[1], dtype=torch.int32, device=logits.device)
     sampling = requests.sampling
+    logits = logits.contiguous()
     return rejection_sample(
         drafts.contiguous(),
         num_drafts,
         None if draft_probs is None else draft_probs.contiguous(),
-        logits.contiguous(),
+        logits,
         sampling.temperature,
         sampling.seeds,
         first_positions.contiguous(),
+        logit_cut=target_cut(logits, sampling),
     )
+
+
+def target_cut(logits: torch.Tensor, sampling) -> torch.Tensor | None:
+    """[B, R] fp32: the logit cut of every target row (logits [B, R, V]) for its
+    request's top-k / top-p / min-p (ops.truncation_cut), or None without truncation."""
+    num_reqs, rows = logits.shape[0], logits.shape[1]
+    truncation = sampling.truncation_rows(rows)
+    if truncation is None:
+        return None
+    temperature = sampling.temperature.repeat_interleave(rows)
+    return truncation_cut(logits.view(num_reqs * rows, -1), temperature, *truncation).view(num_reqs, rows)
 
 
 def strict_greedy(logits: torch.Tensor, drafts: torch.Tensor | None, num_drafts: torch.Tensor | None = None):

@@ -322,7 +322,7 @@ class AutoregressiveSpeculator(Proposer):
             ),
             attention=one_group,
         )  # fmt: skip
-        return DraftOutput(torch.stack(tokens, dim=1), state.sample.probs, state.sample.token_probs(len(tokens[0])))
+        return DraftOutput(torch.stack(tokens, dim=1), state.sample.probs, state.sample.confidences(len(tokens[0])))
 
 
 def advance_or_hold(state: StepState, step: int, *, moving: bool, block_size: int, max_model_len: int) -> None:

@@ -37,7 +37,7 @@ from specdraft.proposers.loop import (
     DraftSampler,
     TargetWindow,
     clamp_ids,
-    drafted_token_probs,
+    row_confidence,
     sample_per_request,
     sample_rows,
 )
@@ -47,7 +47,7 @@ class BlockDraftOutput(NamedTuple):
     draft_tokens: torch.Tensor  # [B, K] int32
     draft_probs: torch.Tensor | None  # [B, K, V] fp32, when config.return_probs is set
     confidence_logits: torch.Tensor | None  # [B, K] fp32: DSpark's survival logit per draft, else None
-    token_probs: torch.Tensor | None = None  # [B, K] fp32, when config.return_token_probs is set
+    draft_confidence: torch.Tensor | None = None  # [B, K] fp32, when config.return_draft_confidence is set
 
 
 def write_context(model, kv_caches, window: TargetWindow) -> None:
@@ -92,7 +92,8 @@ def sample_markov_block(model, config: SpeculativeConfig, logits, hidden, newest
                         num_drafts: int):  # fmt: skip
     """DSpark: tokens [B, block_size], the draft probs [B, K, V] (or None) of the
     Markov-corrected logits, sampled in order over the block in one op, and the
-    drafted tokens' probabilities [B, K] (or None: config.return_token_probs)."""
+    draft's confidence at each drafted position [B, K] (loop.row_confidence; None
+    without config.return_draft_confidence)."""
     markov = model.markov_head
     temperature, seeds = DraftSampler(config, sampling, None).row_params(logits.shape[0], logits.device)
     hidden_part, latent_weight = markov_op_weights(markov, hidden)
@@ -101,15 +102,14 @@ def sample_markov_block(model, config: SpeculativeConfig, logits, hidden, newest
         hidden_part=hidden_part, latent_weight=latent_weight, temperature=temperature, seeds=seeds,
         positions=draft_positions, salt=config.salt,
     )  # fmt: skip
-    token_probs = None
-    if config.return_token_probs:
+    confidence = None
+    if config.return_draft_confidence:
         rows = corrected[:, :num_drafts].reshape(-1, corrected.shape[-1])
-        per_row = temperature.repeat_interleave(num_drafts)
-        token_probs = drafted_token_probs(rows, tokens[:, :num_drafts].reshape(-1), per_row).view(-1, num_drafts)
+        confidence = row_confidence(rows, temperature.repeat_interleave(num_drafts)).view(-1, num_drafts)
     if config.return_probs is None:
-        return tokens, None, token_probs
+        return tokens, None, confidence
     scaled = corrected[:, :num_drafts] / torch.where(temperature > 0, temperature, 1.0)[:, None, None]
-    return tokens, (torch.softmax(scaled, dim=-1) if config.return_probs == "probs" else scaled), token_probs
+    return tokens, (torch.softmax(scaled, dim=-1) if config.return_probs == "probs" else scaled), confidence
 
 
 def markov_op_weights(markov, hidden):
@@ -195,15 +195,15 @@ class BlockProposer(Proposer):
         logits = model.compute_logits(hidden)
         draft_positions = context_lens.long() + 1  # draft 0 is the token after the newest one
         if model.markov_head is None:
-            tokens, probs, token_probs = sample_plain_block(config, logits, draft_positions, sampling, k,
+            tokens, probs, row_confidences = sample_plain_block(config, logits, draft_positions, sampling, k,
                                                             model.config.vocab_size)  # fmt: skip
             full = tokens
         else:
-            full, probs, token_probs = sample_markov_block(model, config, logits, hidden, next_token_ids,
+            full, probs, row_confidences = sample_markov_block(model, config, logits, hidden, next_token_ids,
                                                            draft_positions, sampling, k)  # fmt: skip
             tokens = full[:, :k]
         confidence = None
         if model.confidence_head is not None:
             prev = torch.cat([next_token_ids.long()[:, None], full[:, :-1].long()], dim=1)
             confidence = model.confidence_logits(hidden[:, :k], prev[:, :k])
-        return BlockDraftOutput(tokens.to(torch.int32).contiguous(), probs, confidence, token_probs)
+        return BlockDraftOutput(tokens.to(torch.int32).contiguous(), probs, confidence, row_confidences)

@@ -30,13 +30,13 @@ import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows
-from specdraft.ops import draft_sample, step_metadata
+from specdraft.ops import draft_sample, step_metadata, truncation_cut
 
 
 class DraftOutput(NamedTuple):
     draft_tokens: torch.Tensor  # [B, K] int32 (target vocabulary)
     draft_probs: torch.Tensor | None  # [B, K, V] fp32, when config.return_probs is set
-    token_probs: torch.Tensor | None = None  # [B, K] fp32, when config.return_token_probs is set
+    draft_confidence: torch.Tensor | None = None  # [B, K] fp32, when config.return_draft_confidence is set
 
 
 class TargetWindow(NamedTuple):
@@ -201,8 +201,8 @@ class DraftSampler:
     """Samples one draft token per row of logits: argmax when greedy (and no buffer to
     fill), else draft_sample with each request's temperature and seed, storing this
     step's probs / logits into probs[:, step_index] when a buffer is given. With
-    config.return_token_probs it also keeps each drafted token's probability
-    (`drafted_token_probs`), read back by `token_probs`.
+    config.return_draft_confidence it also keeps each row's confidence (`row_confidence`),
+    read back by `confidences`.
 
     A token's noise is keyed by its own position, so a request drafts the same tokens
     whatever batch it is in.
@@ -211,11 +211,11 @@ class DraftSampler:
     config: SpeculativeConfig
     sampling: SamplingParams | None
     probs: torch.Tensor | None  # [B, K, V] fp32 or None
-    kept_probs: list[torch.Tensor] | None = None  # one [rows] fp32 per call, with return_token_probs
+    kept: list[torch.Tensor] | None = None  # one [rows] fp32 per call, with return_draft_confidence
 
     def __post_init__(self) -> None:
-        if self.config.return_token_probs and self.kept_probs is None:
-            self.kept_probs = []
+        if self.config.return_draft_confidence and self.kept is None:
+            self.kept = []
 
     def __call__(self, logits, token_positions, step_index: torch.Tensor | None, repeat: int = 1, probs=None):
         """repeat: rows per request (parallel drafting samples K rows per request);
@@ -224,27 +224,42 @@ class DraftSampler:
         config = self.config
         if config.draft_sampling == "greedy" and probs is None:
             tokens = logits.argmax(dim=-1).to(torch.int32)
-            self.keep_probs(logits, tokens, None)
+            self.keep_confidence(logits, None)
             return tokens
         temperature, seeds = self.row_params(logits.shape[0], logits.device, repeat)
         kwargs = {"salt": config.salt}
         if probs is not None:
             kwargs.update(probs_out=probs, step=step_index, write=config.return_probs)
+        cut = self.row_cut(logits, temperature, repeat)
+        if cut is not None:
+            kwargs["logit_cut"] = cut
         tokens = draft_sample(logits.contiguous(), temperature, seeds, token_positions.long(), **kwargs)
-        self.keep_probs(logits, tokens, temperature)
+        self.keep_confidence(logits, temperature, cut)
         return tokens
 
-    def keep_probs(self, logits, tokens, temperature: torch.Tensor | None) -> None:
-        if self.kept_probs is not None:
-            self.kept_probs.append(drafted_token_probs(logits, tokens, temperature))
-
-    def token_probs(self, num_reqs: int) -> torch.Tensor | None:
-        """[B, K] fp32: the kept probabilities, request-major (None without
-        return_token_probs). One call per step gives a [B] column each; one call over
-        B * K rows (parallel drafting, a block) gives them all at once."""
-        if self.kept_probs is None:
+    def row_cut(self, logits, temperature, repeat: int) -> torch.Tensor | None:
+        """Each sampled row's logit cut for its request's top-k / top-p / min-p
+        (ops.truncation_cut, over the draft's own vocabulary), or None without
+        truncation: the draft samples inside the request's truncation, as the target's
+        tokens are verified against it."""
+        if self.sampling is None or self.config.draft_sampling == "greedy":
             return None
-        return torch.stack(self.kept_probs, dim=1).view(num_reqs, -1)
+        rows = self.sampling.truncation_rows(repeat)
+        if rows is None:
+            return None
+        return truncation_cut(logits.contiguous(), temperature, *rows)
+
+    def keep_confidence(self, logits, temperature: torch.Tensor | None, cut: torch.Tensor | None = None) -> None:
+        if self.kept is not None:
+            self.kept.append(row_confidence(logits, temperature, cut))
+
+    def confidences(self, num_reqs: int) -> torch.Tensor | None:
+        """[B, K] fp32: the kept confidences, request-major (None without
+        return_draft_confidence). One call per step gives a [B] column each; one call over
+        B * K rows (parallel drafting, a block) gives them all at once."""
+        if self.kept is None:
+            return None
+        return torch.stack(self.kept, dim=1).view(num_reqs, -1)
 
     def row_params(self, num_rows: int, device, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(temperature [num_rows] fp32, seeds [num_rows] int64) of the rows sampled,
@@ -261,19 +276,24 @@ class DraftSampler:
         return self(logits, first_row(state.positions) + 1, step_index)
 
 
-def drafted_token_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
-    """[rows] fp32: softmax(logits / T) at each row's drafted token, T = 1 where the
-    row drafts greedily (T not > 0, or temperature None): the draft's own estimate
-    that the target keeps the token, which budgeted verification ranks positions by.
-    A token outside the row (out of contract) reads as probability 0."""
+def row_confidence(logits: torch.Tensor, temperature: torch.Tensor | None,
+                   cut: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """[rows] fp32: the largest probability of each row's distribution, softmax(logits
+    / T) over the logits >= the row's cut (its truncation) when given, T = 1 where the
+    row drafts greedily (T not > 0, or temperature None). A greedy draft's probability
+    of its own token; budgeted verification ranks positions by it.
+
+    Not the probability of the token drafted: at T > 0 that depends on which token was
+    drawn, and verifying a draft only when its own token is likely biases what
+    rejection sampling emits (accepted drafts would over-represent likely tokens).
+    This depends on the row (the context) alone, so deciding by it keeps rejection
+    sampling exact."""
     scaled = logits.float()
+    if cut is not None:
+        scaled = torch.where(scaled >= cut[:, None], scaled, float("-inf"))
     if temperature is not None:
         scaled = scaled / torch.where(temperature > 0, temperature, 1.0)[:, None]
-    vocab = logits.shape[-1]
-    inside = (tokens >= 0) & (tokens < vocab)
-    picked = scaled.gather(1, tokens.long().clamp(0, vocab - 1)[:, None])[:, 0]
-    probs = (picked - torch.logsumexp(scaled, dim=-1)).exp()
-    return torch.where(inside, probs, 0.0)
+    return (scaled.amax(dim=-1) - torch.logsumexp(scaled, dim=-1)).exp()
 
 
 def sample_per_request(config: SpeculativeConfig, sampling: SamplingParams | None, logits, token_positions,
@@ -287,7 +307,7 @@ def sample_per_request(config: SpeculativeConfig, sampling: SamplingParams | Non
     as_rows = None if sample.probs is None else sample.probs.view(num_reqs * k, 1, -1)
     step = step_counter(sample.probs, 0, logits.device)
     tokens = sample(logits, token_positions, step, repeat=k, probs=as_rows)
-    return DraftOutput(tokens.view(num_reqs, k), sample.probs, sample.token_probs(num_reqs))
+    return DraftOutput(tokens.view(num_reqs, k), sample.probs, sample.confidences(num_reqs))
 
 
 def step_counter(probs: torch.Tensor | None, step: int, device) -> torch.Tensor | None:
@@ -360,7 +380,7 @@ def draft_k_tokens(
         model, kv_caches, first, state, sample, step_index,
         num_steps=config.num_speculative_tokens, advance=advance, attention=attention,
     )  # fmt: skip
-    return DraftOutput(torch.stack(tokens, dim=1), sample.probs, sample.token_probs(num_reqs))
+    return DraftOutput(torch.stack(tokens, dim=1), sample.probs, sample.confidences(num_reqs))
 
 
 def draft_chained(
@@ -386,4 +406,4 @@ def draft_chained(
         h_sample, hidden_states = model(input_ids, positions, hidden_states, metadata, kv_caches, spec_step_idx=step)
         logits = model.compute_logits(h_sample.index_select(0, sample_index), spec_step_idx=step)
         tokens.append(sample(logits, token_positions + step, step_counter(sample.probs, step, device)))
-    return DraftOutput(torch.stack(tokens, dim=1), sample.probs, sample.token_probs(num_reqs))
+    return DraftOutput(torch.stack(tokens, dim=1), sample.probs, sample.confidences(num_reqs))

@@ -1,0 +1,126 @@
+"""A request's top-k / top-p / min-p end to end (issue 40): speculative decoding
+samples the *truncated* target distribution. The first three tokens of 2,000
+requests (two groups, each with its own prompt, temperature and truncation) against
+the exact joint of the truncated target (specs.generate.sequence_distribution with
+specs.truncation's plain-Python rule), by a chi-square test, as
+tests/generation/test_sampling.py does untruncated: plain decoding, EAGLE with
+probabilistic drafts drawn inside the truncation, greedy drafts, a DFlash block, a
+budget cutting through the drafts. A verifier that truncates only the drafts (the
+target untruncated) fails the same test by far."""
+
+import pytest
+import torch
+
+import specdraft.generation.verify as verify_module
+from specdraft.config import SamplingParams
+from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, generate_plain
+from specdraft.tree_shape import TreeShape
+
+from specs.generate import chi_square_pvalue, sequence_distribution
+
+VOCAB = 8
+PER_GROUP = 1000
+# (prompt, temperature, (top_k, top_p, min_p))
+GROUPS = (([1, 2, 3, 4], 0.8, (3, 1.0, 0.0)), ([5, 6], 1.5, (0, 0.8, 0.1)))
+NUM_TOKENS = 3
+MAX_MODEL_LEN = 16
+PROBABILISTIC = {"draft_sampling": "probabilistic", "return_probs": "probs"}
+
+
+@pytest.fixture(scope="module")
+def setup(build):
+    target = build.make_target(num_layers=2, vocab=VOCAB, seed=3, logit_scale=3.0)
+    margins = []
+    joints = [sequence_distribution(target, p, t, NUM_TOKENS, truncation, margins) for p, t, truncation in GROUPS]
+    # No top-p decision of the oracle sits within rounding of its boundary, so the
+    # decoder's float32 logits truncate as the float64 oracle does.
+    assert min(margins) > 1e-3, min(margins)
+    prompts = [prompt for prompt, _, _ in GROUPS for _ in range(PER_GROUP)]
+
+    def column(values, dtype):
+        return torch.tensor([v for v in values for _ in range(PER_GROUP)], dtype=dtype)
+
+    sampling = SamplingParams(
+        temperature=column([t for _, t, _ in GROUPS], torch.float32),
+        seeds=torch.arange(len(prompts), dtype=torch.int64) * 7919 + 13,
+        top_k=column([c[0] for _, _, c in GROUPS], torch.int32),
+        top_p=column([c[1] for _, _, c in GROUPS], torch.float32),
+        min_p=column([c[2] for _, _, c in GROUPS], torch.float32),
+    )
+    untruncated = [sequence_distribution(target, p, t, NUM_TOKENS) for p, t, _ in GROUPS]
+    return target, joints, untruncated, prompts, sampling
+
+
+def pvalues(result, joints):
+    samples = torch.stack(result.tokens)
+    assert samples.shape == (len(joints) * PER_GROUP, NUM_TOKENS)
+    return [chi_square_pvalue(samples[g * PER_GROUP : (g + 1) * PER_GROUP], j) for g, j in enumerate(joints)]
+
+
+def speculative(build, setup, kind, k, budget=None, **config):
+    target, joints, _, prompts, sampling = setup
+    proposer = build.make_proposer(kind, target, k, max_model_len=MAX_MODEL_LEN, max_reqs=len(prompts), **config)
+    result = SpeculativeDecoder(target, proposer, budget=budget).generate(
+        prompts, max_new_tokens=NUM_TOKENS, sampling=sampling
+    )
+    return result, pvalues(result, joints)
+
+
+def test_plain_sampling_is_truncated(build, setup):
+    target, joints, untruncated, prompts, sampling = setup
+    result = generate_plain(target, prompts, max_new_tokens=NUM_TOKENS, sampling=sampling,
+                            max_model_len=MAX_MODEL_LEN, block_size=build.BLOCK_SIZE)  # fmt: skip
+    assert min(pvalues(result, joints)) > 1e-3
+    assert max(pvalues(result, untruncated)) < 1e-6  # the truncation changed the law: the test has power
+
+
+@pytest.mark.parametrize(
+    ("kind", "k", "budget", "config"),
+    [
+        ("eagle", 2, None, PROBABILISTIC),
+        ("autoregressive", 3, None, {}),
+        ("dflash", 2, None, PROBABILISTIC),
+        ("eagle", 2, 2000, {**PROBABILISTIC, "return_draft_confidence": True}),
+    ],
+    ids=["eagle-probabilistic", "autoregressive-greedy-drafts", "dflash-probabilistic", "eagle-budget"],
+)
+def test_speculative_sampling_is_truncated(build, setup, kind, k, budget, config):
+    result, p = speculative(build, setup, kind, k, budget, **config)
+    assert min(p) > 1e-3, p
+    assert result.stats.accepted_per_position[0] > 0.05 * result.stats.request_passes.sum()
+
+
+def test_truncating_only_the_drafts_fails(build, setup, monkeypatch):
+    monkeypatch.setattr(verify_module, "target_cut", lambda logits, sampling: None)
+    _, p = speculative(build, setup, "eagle", 2, None, **PROBABILISTIC)
+    assert min(p) < 1e-6, p
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("top_p", [0.0, 0.5], r"sampling.top_p\[0\] = 0.0 is outside \(0, 1\]"),
+        ("top_p", [1.0, 1.5], r"sampling.top_p\[1\] = 1.5 is outside \(0, 1\]"),
+        ("min_p", [-0.1, 0.0], r"sampling.min_p\[0\] = -0.1\d* is outside \[0, 1\]"),
+        ("min_p", [0.0, float("nan")], r"sampling.min_p\[1\] = nan is outside \[0, 1\]"),
+        ("top_k", [2.0, 3.0], "sampling.top_k must be an int tensor"),
+        ("top_k", [1], r"sampling.top_k must be a \[2\] tensor"),
+    ],
+)
+def test_bad_truncation(build, setup, field, value, match):
+    target = setup[0]
+    dtype = torch.int64 if field == "top_k" and isinstance(value[0], int) else torch.float32
+    sampling = SamplingParams(
+        torch.tensor([0.5, 1.0]), torch.tensor([1, 2]), **{field: torch.tensor(value, dtype=dtype)}
+    )
+    with pytest.raises(ValueError, match=match):
+        generate_plain(target, [[1, 2], [3]], sampling=sampling, max_model_len=MAX_MODEL_LEN, max_new_tokens=2)
+
+
+def test_tree_decoder_refuses_truncation(build, setup):
+    target = setup[0]
+    proposer = build.make_proposer("eagle", target, 2, max_model_len=MAX_MODEL_LEN)
+    decoder = TreeSpeculativeDecoder(target, proposer, TreeShape(2, 2, 4))
+    sampling = SamplingParams(torch.tensor([0.5]), torch.tensor([1]), top_k=torch.tensor([3]))
+    with pytest.raises(ValueError, match="sampling.top_k: TreeSpeculativeDecoder verifies without truncation"):
+        decoder.generate([[1, 2]], sampling=sampling, max_new_tokens=2)
