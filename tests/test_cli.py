@@ -145,6 +145,10 @@ REFUSED = [
     (["demo", "--budget", "-1"], "--budget must be auto or an int >= 0, got -1"),
     (["demo", "--budget", "half"], "--budget must be auto or an int >= 0, got 'half'"),
     (["demo", "--budget", "4", "--tree", "4,4,16"], "--budget with --tree 4,4,16: a draft tree verifies all its nodes"),
+    # Truncation of the sampled run.
+    (["demo", "--top-p", "0"], "--top-p must be in (0, 1] (1: off), got 0.0"),
+    (["demo", "--min-p", "1.5"], "--min-p must be in [0, 1] (0: off), got 1.5"),
+    (["demo", "--top-k", "20", "--tree", "4,4,16"], "--top-k / --top-p / --min-p with --tree 4,4,16"),
 ]
 
 REFUSED_SCRIPT = textwrap.dedent(

@@ -100,6 +100,9 @@ def build_parser(prog: str = "python -m specdraft.demo") -> argparse.ArgumentPar
     parser.add_argument("--no-compile", action="store_true", help="run the iterations eagerly")
     parser.add_argument("--no-sampled", action="store_true", help="skip the sampled run")
     parser.add_argument("--seed", type=int, default=0, help="first request seed of the sampled run")
+    parser.add_argument("--top-k", type=int, default=0, help="the sampled run's top-k (default 0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="the sampled run's top-p, in (0, 1] (default 1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="the sampled run's min-p, in [0, 1] (default 0: off)")
     add_threads_option(parser)
     parser.add_argument(
         "--json", type=Path, help="also write the statistics printed (acceptance per position, acceptance length, "
@@ -124,6 +127,13 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
         parser.error(f"--k must be in [1, {args.max_new_tokens - 1}] (--max-new-tokens - 1: a run keeps at most "
                      f"that many drafts), got {args.k}")  # fmt: skip
     check_budget_flag(parser, args)
+    if not 0.0 < args.top_p <= 1.0:
+        parser.error(f"--top-p must be in (0, 1] (1: off), got {args.top_p}")
+    if not 0.0 <= args.min_p <= 1.0:
+        parser.error(f"--min-p must be in [0, 1] (0: off), got {args.min_p}")
+    if args.tree is not None and (args.top_k > 0 or args.top_p < 1.0 or args.min_p > 0.0):
+        parser.error(f"--top-k / --top-p / --min-p with --tree {args.tree}: a draft tree verifies without truncation "
+                     "for now")  # fmt: skip
     if args.drafter in BLOCK_DRAFTERS:
         check_block_drafter(parser, args)
         return args
@@ -442,12 +452,19 @@ def run_demo(args: argparse.Namespace) -> int:
         else:
             eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree)
         seeds = torch.arange(args.seed, args.seed + len(prompts))
-        sampling = SamplingParams(torch.full((len(prompts),), TEMPERATURE), seeds)
+        num = len(prompts)
+        truncation = {}
+        if args.top_k > 0 or args.top_p < 1.0 or args.min_p > 0.0:
+            truncation = {"top_k": torch.full((num,), args.top_k, dtype=torch.int32),
+                          "top_p": torch.full((num,), args.top_p), "min_p": torch.full((num,), args.min_p)}  # fmt: skip
+        sampling = SamplingParams(torch.full((num,), TEMPERATURE), seeds, **truncation)
         sampled = eager.generate(prompts, sampling=sampling, progress=progress and "sampled", **run)
-        print(f"\nsampled run (temperature {TEMPERATURE}, seeds {args.seed}..{args.seed + len(prompts) - 1}, eager): "
+        kept = f", top-k {args.top_k}, top-p {args.top_p}, min-p {args.min_p}" if truncation else ""
+        print(f"\nsampled run (temperature {TEMPERATURE}{kept}, seeds {args.seed}..{args.seed + num - 1}, eager): "
               f"mean acceptance length {sampled.stats.mean_acceptance_length.item():.3f}")  # fmt: skip
         show_texts(f"sampled, T = {TEMPERATURE}", texts, sampled)
         record["sampled"] = {"temperature": TEMPERATURE, "seeds": [args.seed, args.seed + len(prompts) - 1],
+                             "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
                              "mean_acceptance_length": sampled.stats.mean_acceptance_length.item()}  # fmt: skip
     if args.json is not None:
         write_json(args.json, record)
