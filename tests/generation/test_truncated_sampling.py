@@ -124,3 +124,35 @@ def test_tree_decoder_refuses_truncation(build, setup):
     sampling = SamplingParams(torch.tensor([0.5]), torch.tensor([1]), top_k=torch.tensor([3]))
     with pytest.raises(ValueError, match="sampling.top_k: TreeSpeculativeDecoder verifies without truncation"):
         decoder.generate([[1, 2]], sampling=sampling, max_new_tokens=2)
+
+
+def test_truncated_iteration_compiles_once_for_any_parameters(build):
+    """fullgraph, no break; a second run with other top-k / top-p / min-p values
+    compiles nothing (they are tensors), and both equal the eager runs."""
+    from specdraft.testing import CompileCounts
+
+    target = build.make_target(num_layers=1, seed=2, unit_embeddings=True)
+    prompts, max_new = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3]], [9, 6, 7]
+
+    def sampling(top_k, top_p, min_p):
+        return SamplingParams(torch.tensor([0.8, 1.2, 0.0]), torch.tensor([1, 2, 3]), top_k=torch.tensor(top_k),
+                              top_p=torch.tensor(top_p), min_p=torch.tensor(min_p))  # fmt: skip
+
+    runs = [
+        sampling([5, 0, 0], [1.0, 0.8, 1.0], [0.0, 0.1, 0.0]),
+        sampling([2, 30, 1], [0.5, 1.0, 0.9], [0.2, 0.0, 0.0]),
+    ]
+
+    def decoder(compile):
+        proposer = build.make_proposer("eagle", target, 2, max_model_len=24, copy=True, noise=0.1, **PROBABILISTIC)
+        return SpeculativeDecoder(target, proposer, compile=compile)
+
+    eager = decoder(False)
+    want = [eager.generate(prompts, max_new_tokens=max_new, sampling=s) for s in runs]
+    torch._dynamo.reset()
+    compiled = decoder({"backend": "aot_eager"})
+    for i, (s, w) in enumerate(zip(runs, want, strict=True)):
+        with CompileCounts.measure() as counts:
+            got = compiled.generate(prompts, max_new_tokens=max_new, sampling=s)
+        assert [t.tolist() for t in got.tokens] == [t.tolist() for t in w.tokens]
+        assert (counts.graph_breaks, counts.compiles) == (0, 1 if i == 0 else 0)
