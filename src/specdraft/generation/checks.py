@@ -64,23 +64,6 @@ def check_proposer(proposer, target, aux_layers: tuple[int, ...], feeds_aux: boo
         )
 
 
-def block_aux_layers(block, num_layers: int, aux_layers) -> tuple[int, ...]:
-    """The aux layers a block drafter reads (block: its BlockConfig): those its
-    target_layer_ids name, of a target as deep as the one it was built for. Passed
-    aux_layers must be those."""
-    if block.num_target_layers != num_layers:
-        raise ValueError(
-            f"proposer: the block head was built for a {block.num_target_layers}-layer target "
-            f"(BlockConfig.num_target_layers); this target has {num_layers} layers"
-        )
-    if aux_layers is not None and tuple(aux_layers) != block.aux_layers:
-        raise ValueError(
-            f"aux_layers: {tuple(aux_layers)} differs from the block head's, {block.aux_layers} (its "
-            f"target_layer_ids {block.target_layer_ids}: layer L's output enters layer L + 1)"
-        )
-    return block.aux_layers
-
-
 def check_aux_layers(aux_layers, num_layers: int) -> tuple[int, ...]:
     layers = tuple(aux_layers)
     for i in layers:

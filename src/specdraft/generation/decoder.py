@@ -17,7 +17,6 @@ import torch
 from specdraft.config import SamplingParams
 from specdraft.layout import BatchMetadata
 from specdraft.models import default_aux_layers
-from specdraft.models.heads.block import BlockConfig
 
 from . import checks
 from .budget import check_budget, kept_drafts, packed_windows, survival_from
@@ -73,7 +72,7 @@ class SpeculativeDecoder:
     hidden state (EAGLE-1, MTP) or, when its head's reads_aux_hidden_states is True
     (EAGLE-3, block drafters), its aux hidden states (aux_layers, concatenated:
     default default_aux_layers(num_layers); a block drafter's are those its
-    target_layer_ids name, checks.block_aux_layers).
+    target_layer_ids name, DraftHead.aux_layers_for).
 
     max_model_len, block_size: the proposer's config (pass them only for plain
     decoding; a value that differs from the config is an error). compile: False, True
@@ -139,9 +138,10 @@ class SpeculativeDecoder:
             self.k = 0
         self.max_model_len = checks.positive_int("max_model_len", max_model_len)
         self.block_size = checks.positive_int("block_size", block_size)
-        block = getattr(proposer.model, "block", None) if proposer is not None else None
-        if isinstance(block, BlockConfig):  # a block drafter names its layers
-            aux_layers = checks.block_aux_layers(block, target.config.num_layers, aux_layers)
+        aux_layers_for = getattr(proposer.model, "aux_layers_for", None) if proposer is not None else None
+        named = aux_layers_for(target.config.num_layers, aux_layers) if aux_layers_for is not None else None
+        if named is not None:  # the head names its layers (a block drafter)
+            aux_layers = named
         elif aux_layers is None:
             aux_layers = default_aux_layers(target.config.num_layers) if self.feeds_aux else ()
         self.aux_layers = checks.check_aux_layers(aux_layers, target.config.num_layers)

@@ -66,6 +66,14 @@ class DraftHead(nn.Module):
         rather than its final hidden state."""
         return False
 
+    def aux_layers_for(self, num_target_layers: int, requested=None) -> tuple[int, ...] | None:
+        """The target layers whose entering residual this head reads, when the head
+        names them itself (a block drafter's target_layer_ids); None when the caller
+        chooses (requested, or EAGLE-3's default: models.default_aux_layers). A head
+        that names them raises ValueError for a target it was not built for, or for
+        requested layers (not None) other than its own."""
+        return None
+
     @property
     def draft_vocab_size(self) -> int:
         return self.config.vocab_size

@@ -233,6 +233,22 @@ class BlockDraftHead(DraftHead):
 
     # ------------------------------------------------------------------ identity
 
+    def aux_layers_for(self, num_target_layers: int, requested=None) -> tuple[int, ...]:
+        """The aux layers its target_layer_ids name (BlockConfig.aux_layers), for a
+        target as deep as the one it was built for; requested ones must be those."""
+        block = self.block
+        if block.num_target_layers != num_target_layers:
+            raise ValueError(
+                f"proposer: the block head was built for a {block.num_target_layers}-layer target "
+                f"(BlockConfig.num_target_layers); this target has {num_target_layers} layers"
+            )
+        if requested is not None and tuple(requested) != block.aux_layers:
+            raise ValueError(
+                f"aux_layers: {tuple(requested)} differs from the block head's, {block.aux_layers} (its "
+                f"target_layer_ids {block.target_layer_ids}: layer L's output enters layer L + 1)"
+            )
+        return block.aux_layers
+
     @property
     def num_kv_layers(self) -> int:
         return self.config.num_layers
