@@ -22,6 +22,11 @@ that does not reject at a Bonferroni-corrected level). A deliberately broken var
 truncation applied to the drafts only (the target verified untruncated), must fail
 the same check at the CI size.
 
+Tree verification the same way (test_tree_first_two_tokens_follow_the_truncated_target):
+a root with TREE_TOPK children, each with TREE_TOPK grandchildren (a draft's ranked
+top-k lists: "ranked", a random draft's order; "zero_prob", the order opposite to the
+target's), every node row cut by truncation_cut.
+
 Trials: 2 * 10**4 per case in CI; 10**6 in the `slow` test (skipped unless
 SPECDRAFT_SLOW=1, as test_tree_verify_lossless.py: SPECDRAFT_SLOW=1 pytest -m slow
 FILE), with total variation within 0.005 and top-p 0.99, min-p 0.05 added. Not in
@@ -36,7 +41,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specdraft.ops import draft_sample, rejection_sample, truncation_cut
+from specdraft.ops import draft_sample, rejection_sample, tree_verify, truncation_cut
 from specdraft.ops.backend import TRITON_INTERPRET
 
 import specs.lossless as lossless
@@ -59,7 +64,8 @@ CI_TRIALS, SLOW_TRIALS = 20_000, 1_000_000
 TRIALS_PER_CALL = 100_000
 SLOW_TV_LIMIT = 0.005
 # Bonferroni: two distributions (first token, pair) per case, family-wise level 1e-3.
-ALPHA = 1e-3 / (2 * len(SLOW_PARAMS) * len(SCENARIOS) * len(TEMPERATURES))
+TREE_TOPK, TREE_SCENARIOS = 4, ("ranked", "zero_prob")
+ALPHA = 1e-3 / (2 * len(SLOW_PARAMS) * (len(SCENARIOS) + len(TREE_SCENARIOS)) * len(TEMPERATURES))
 MARGIN = 1e-4  # a top-p decision this close to its boundary could go either way in fp32
 
 
@@ -199,4 +205,97 @@ def test_the_check_rejects_truncating_the_drafts_only(device, name):
     """Drafts inside the truncation, target verified untruncated: the emitted tokens
     follow the untruncated target, and the same check at the CI size rejects them."""
     results = verdicts(PARAMS[name], 1.0, "inside", CI_TRIALS, device, broken=True)
+    assert not all(ok for _, ok, _ in results), results
+
+
+# ------------------------------------------------------------------- tree_verify
+
+
+def tree_rows(model: ChainModel, scenario: str):
+    """(tokens, parents, the target row of each node): the root's TREE_TOPK children
+    and TREE_TOPK grandchildren under each, ranked by the draft (zero_prob: the
+    draft's ranking is the target's reversed)."""
+
+    def ranked(draft_row: torch.Tensor) -> list[int]:
+        return draft_row.argsort(descending=True, stable=True).tolist()[:TREE_TOPK]
+
+    tokens, parents, rows = [0], [-1], [model.root]
+    kids = ranked(model.draft_root)
+    for x in kids:
+        tokens, parents, rows = tokens + [x], parents + [0], rows + [model.second[x]]
+    for i, x in enumerate(kids):
+        for y in ranked(model.draft_second[x]):
+            tokens, parents, rows = tokens + [y], parents + [1 + i], rows + [model.third[y]]
+    return tokens, parents, torch.stack(rows)
+
+
+def tree_verdicts(params, temperature: float, scenario: str, trials: int, device, broken=False, tv_limit=None):
+    """The check's (passes, measured) for the first token and the pair; broken: the
+    tree verified untruncated."""
+    case_seed = 100 * list(SLOW_PARAMS).index(next(k for k, v in SLOW_PARAMS.items() if v == params))
+    case_seed += 10 * TEMPERATURES.index(temperature) + TREE_SCENARIOS.index(scenario) + 5
+    model = chain_model(scenario, 11 + TREE_SCENARIOS.index(scenario))
+    tokens, parents, rows = tree_rows(model, scenario)
+    n = len(tokens)
+    first_law = truncated_law(model.root, temperature, params)
+    second_law = torch.tensor([truncated_law(model.second[x], temperature, params) for x in range(VOCAB)],
+                              dtype=torch.float64)  # fmt: skip
+    cut = cuts(rows.to(device), torch.full((n,), temperature, device=device), params)
+    t0s, t1s = [], []
+    for start in range(0, trials, TRIALS_PER_CALL):
+        b = min(TRIALS_PER_CALL, trials - start)
+        temp = torch.full((b,), temperature, device=device)
+        logits = rows.to(device).expand(b, n, VOCAB)
+        out = tree_verify(
+            torch.tensor(tokens, device=device).expand(b, n).contiguous(),
+            torch.tensor(parents, device=device).expand(b, n).contiguous(), logits, temp,
+            case_seed * 2**32 + start + torch.arange(b, device=device),
+            torch.full((b,), 7, dtype=torch.int64, device=device), max_depth=2,
+            logit_cut=None if broken else cut.expand(b, n).contiguous(),
+        )  # fmt: skip
+        out_tokens, counts = out.tokens.cpu().long(), out.counts.cpu()
+        t0s.append(out_tokens[:, 0])
+        t1s.append(torch.where(counts >= 1, out_tokens[:, 1], -1))
+    t0, t1 = torch.cat(t0s), torch.cat(t1s)
+    completion = torch.multinomial(second_law[t0], 1, generator=torch.Generator().manual_seed(case_seed))[:, 0]
+    t1 = torch.where(t1 >= 0, t1, completion)
+    first = torch.bincount(t0, minlength=VOCAB).tolist()
+    pairs = torch.bincount(t0 * VOCAB + t1, minlength=VOCAB * VOCAB).tolist()
+    pair_law = [first_law[x] * float(second_law[x, y]) for x in range(VOCAB) for y in range(VOCAB)]
+    return [
+        ("first token", *lossless.verdict(first, first_law, ALPHA, tv_limit)),
+        ("pair", *lossless.verdict(pairs, pair_law, ALPHA, tv_limit)),
+    ]
+
+
+def tree_cases(params):
+    return pytest.mark.parametrize(
+        "name, temperature, scenario", [(n, t, s) for n in params for t in TEMPERATURES for s in TREE_SCENARIOS]
+    )
+
+
+@pytest.mark.kernel
+@NOT_INTERPRETED
+@tree_cases(PARAMS)
+def test_tree_first_two_tokens_follow_the_truncated_target(device, name, temperature, scenario):
+    for what, ok, measured in tree_verdicts(PARAMS[name], temperature, scenario, CI_TRIALS, device):
+        assert ok, f"{what}: {measured}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="slow lane: set SPECDRAFT_SLOW=1")
+@NOT_INTERPRETED
+@tree_cases(SLOW_PARAMS)
+def test_tree_first_two_tokens_follow_the_truncated_target_at_full_scale(device, name, temperature, scenario):
+    """10**6 trials per case; total variation within 0.005."""
+    for what, ok, measured in tree_verdicts(SLOW_PARAMS[name], temperature, scenario, SLOW_TRIALS, device,
+                                            tv_limit=SLOW_TV_LIMIT):  # fmt: skip
+        assert ok, f"{what}: {measured}"
+
+
+@pytest.mark.kernel
+@NOT_INTERPRETED
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_the_check_rejects_an_untruncated_tree_verify(device, name):
+    results = tree_verdicts(PARAMS[name], 1.0, "ranked", CI_TRIALS, device, broken=True)
     assert not all(ok for _, ok, _ in results), results
