@@ -197,10 +197,15 @@ def test_rejection_rejects_drafts_below_the_cut(device):
 
 @pytest.mark.kernel
 @settings(max_examples=EXAMPLES)
-@given(batch=tree_batches(), dtype=st.sampled_from([torch.float32, torch.bfloat16]), salt=st.sampled_from([0, 5]))
-@example(batch=TREE_EDGE, dtype=torch.bfloat16, salt=2)
-def test_tree_matches_spec(device, batch, dtype, salt):
-    t = batch.tensors(device, dtype)
+@given(
+    batch=tree_batches(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    salt=st.sampled_from([0, 5]),
+    row_pad=st.sampled_from([0, 3]),
+)
+@example(batch=TREE_EDGE, dtype=torch.bfloat16, salt=2, row_pad=5)
+def test_tree_matches_spec(device, batch, dtype, salt, row_pad):
+    t = batch.tensors(device, dtype, row_pad=row_pad)
     cut = random_cuts(t["target_logits"], batch.data_seed)
     depth = batch.num_nodes - 1 if batch.max_depth is None else batch.max_depth
     got = tree_verify(*t.values(), max_depth=batch.max_depth, salt=salt, logit_cut=cut)
