@@ -123,6 +123,23 @@ def test_draft_never_samples_below_the_cut(device):
     assert set(tokens.cpu().tolist()) == {1, 3, 6}
 
 
+@pytest.mark.kernel
+def test_draft_truncation_only_masks(device):
+    """The same noise with and without a cut: wherever the untruncated draw lands on
+    a kept token, the truncated draw is that token."""
+    n = DRAWS
+    logits = torch.randn(n, 50, generator=torch.Generator().manual_seed(5)).to(device)
+    temp = torch.full((n,), 1.5, device=device)
+    seeds, positions = torch.arange(n, device=device), torch.full((n,), 3, device=device)
+    cut = logits.sort(-1, descending=True).values[:, 9].contiguous()  # the ten largest kept
+    free = draft_sample(logits, temp, seeds, positions)
+    truncated = draft_sample(logits, temp, seeds, positions, logit_cut=cut)
+    kept = logits.gather(1, free.long()[:, None])[:, 0] >= cut
+    assert 0 < int(kept.sum()) < n
+    assert torch.equal(truncated[kept], free[kept])
+    assert bool((logits.gather(1, truncated.long()[:, None])[:, 0] >= cut).all())
+
+
 # ----------------------------------------------------------- rejection_sample, spec
 
 
