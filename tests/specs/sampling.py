@@ -75,18 +75,29 @@ def softmax(values, temperature: float):
     return [v / s for v in e]
 
 
-def draft_sample(logits, temperature, seed, position, salt):
-    """One request: logits a list of floats."""
+def truncate(row, cut):
+    """The row with every value below the cut at -inf (the samplers' logit_cut: those
+    tokens get probability 0); cut None: the row. NaN stays NaN (never below)."""
+    return list(row) if cut is None else [-math.inf if v < cut else v for v in row]
+
+
+def draft_sample(logits, temperature, seed, position, salt, cut=None):
+    """One request: logits a list of floats; cut: its logit cut or None (greedy
+    requests ignore it)."""
     if temperature <= 0:
         return first_argmax(logits)
+    logits = truncate(logits, cut)
     key = row_key(seed, position, salt, STREAM_DRAFT)
     return first_argmax([x / temperature + gumbel(bits(key, i)) for i, x in enumerate(logits)])
 
 
-def rejection_sample(drafts, num_draft, draft_probs, target, temperature, seed, position, salt):
-    """One request. drafts: K ints; draft_probs: K lists or None; target: K+1 lists.
+def rejection_sample(drafts, num_draft, draft_probs, target, temperature, seed, position, salt, cuts=None):
+    """One request. drafts: K ints; draft_probs: K lists or None; target: K+1 lists;
+    cuts: K+1 logit cuts of the target rows, or None (greedy requests ignore them).
     Returns (tokens of length K+1, accepted count)."""
     num_spec, vocab = len(drafts), len(target[0])
+    if cuts is not None and temperature > 0:
+        target = [truncate(row, cut) for row, cut in zip(target, cuts, strict=True)]
     n = min(max(num_draft, 0), num_spec)
     count = 0
     if temperature <= 0:

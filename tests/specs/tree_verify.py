@@ -16,6 +16,7 @@ from specs.sampling import (
     first_argmax,
     row_key,
     softmax,
+    truncate,
     uniform,
 )
 
@@ -30,11 +31,14 @@ def sample_race(weights, e):
     return first_argmax([w / x for w, x in zip(weights, e, strict=True)])
 
 
-def tree_verify(tokens, parents, logits, temperature, seed, position, salt, max_depth):
-    """One request. tokens, parents: N ints; logits: N lists of V floats.
+def tree_verify(tokens, parents, logits, temperature, seed, position, salt, max_depth, cuts=None):
+    """One request. tokens, parents: N ints; logits: N lists of V floats; cuts: N
+    logit cuts of the node rows, or None (greedy requests ignore them).
     Returns (nodes [D + 1], emitted tokens [D + 1], count, ranks [D]), D = max_depth,
     padded with -1."""
     vocab = len(logits[0])
+    if cuts is not None and temperature > 0:
+        logits = [truncate(row, cut) for row, cut in zip(logits, cuts, strict=True)]
     cur, path, ranks = 0, [0], []
     tried = []  # the children of `cur` tried and rejected
     residual = None

@@ -25,6 +25,7 @@ _VALUE_CHECKERS = {
     "check_copy_and_expand_values": "specdraft.ops.copy_and_expand",
     "check_draft_sample_values": "specdraft.ops.sampling.draft",
     "check_extend_queries_values": "specdraft.ops.parallel_drafting",
+    "check_logit_cut_values": "specdraft.ops.sampling.draft",
     "check_markov_block_sample_values": "specdraft.ops.markov_block.op",
     "check_new_slot_mapping_values": "specdraft.ops.parallel_drafting",
     "check_next_token_values": "specdraft.ops.prepare_inputs",

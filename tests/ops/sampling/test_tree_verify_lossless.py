@@ -11,14 +11,13 @@ is emitted (nothing accepted), the second is drawn from p1(. | first) by the tes
 
 Trials are requests of one batch (distinct seeds): 2 * 10**4 per case in CI, and
 10**6 in the `slow` tests (skipped unless SPECDRAFT_SLOW=1, as in
-test_heavy_tail.py: SPECDRAFT_SLOW=1 pytest -m slow FILE). The check: no draw in a
+test_heavy_tail.py: SPECDRAFT_SLOW=1 pytest -m slow FILE). The check (specs/lossless.py): no draw in a
 cell of probability 0; total variation within a bound from the sample size (CI) or
 within 0.005 (slow); a chi-square test at a Bonferroni-corrected level that does not
 reject. test_the_check_rejects_wrong_rules runs the same check
 on samplers with deliberate mistakes, which it must reject at the CI size.
 """
 
-import math
 import os
 import random
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import torch
 from specdraft.ops import tree_verify
 from specdraft.ops.backend import TRITON_INTERPRET
 
-import specs.sampling as stats
+import specs.lossless as lossless
 
 VOCAB = 8
 TOPKS, TEMPERATURES = (1, 2, 4, 8), (0.5, 1.0, 2.0)
@@ -124,42 +123,10 @@ def pair_probs(model: TreeModel) -> list[float]:
 # ------------------------------------------------------------------- the check
 
 
-def tv_bound(probs: list[float], n: int, alpha: float) -> float:
-    """P(TV > bound) <= alpha for n draws from probs: E[TV] <= sum sqrt(p (1 - p) / n) / 2
-    (Jensen), and TV moves by at most 1 / n per draw (McDiarmid)."""
-    return sum(math.sqrt(p * (1 - p) / n) for p in probs) / 2 + math.sqrt(math.log(1 / alpha) / (2 * n))
-
-
-def chi_square_pooled(counts: list[int], probs: list[float]) -> tuple[float, int]:
-    """(statistic, dof) over the cells of positive probability, cells expecting
-    fewer than 5 draws pooled into one (into the next smallest, if still short)."""
-    n = sum(counts)
-    cells = sorted((n * p, c) for c, p in zip(counts, probs, strict=True) if p > 0)
-    pooled = []
-    for expected, observed in cells:
-        if pooled and pooled[-1][0] < 5:
-            pooled[-1] = (pooled[-1][0] + expected, pooled[-1][1] + observed)
-        else:
-            pooled.append((expected, observed))
-    if len(pooled) > 1 and pooled[-1][0] < 5:
-        last = pooled.pop()
-        pooled[-1] = (pooled[-1][0] + last[0], pooled[-1][1] + last[1])
-    return sum((o - e) ** 2 / e for e, o in pooled), len(pooled) - 1
-
-
 def verdict(counts: list[int], probs: list[float], tv_limit: float | None = None) -> tuple[bool, str]:
-    """(passes, what was measured) for draws `counts` of the distribution `probs`."""
-    n = sum(counts)
-    impossible = sum(c for c, p in zip(counts, probs, strict=True) if p == 0)
-    tv = sum(abs(c / n - p) for c, p in zip(counts, probs, strict=True)) / 2
-    limit = tv_bound(probs, n, ALPHA) if tv_limit is None else tv_limit
-    chi2, dof = chi_square_pooled(counts, probs)
-    threshold = stats.chi2_threshold(dof, ALPHA) if dof > 0 else math.inf
-    ok = impossible == 0 and tv <= limit and chi2 <= threshold
-    return (
-        ok,
-        f"n={n} impossible={impossible} tv={tv:.5f} (limit {limit:.5f}) chi2={chi2:.1f} (limit {threshold:.1f}, dof {dof})",
-    )
+    """(passes, what was measured) for draws `counts` of the distribution `probs`
+    (specs/lossless.py's check at this file's level)."""
+    return lossless.verdict(counts, probs, ALPHA, tv_limit)
 
 
 # ------------------------------------------------------------------------ tests

@@ -4,7 +4,8 @@ all drawing the counter-based noise of noise.py and streaming the vocabulary wit
 ops/common/scan.py's loop over tiles.py's tiles. Chain and tree verification share
 their statistics and finish kernels (verify_kernels.py); the tree's walk is
 tree_walk.py's. A request's top-k, top-p and min-p become one logit cut per row
-(truncation/)."""
+(truncation/), which the three samplers take as `logit_cut`: a sampled row's tokens
+below it get probability 0 wherever its distribution is used."""
 
 from .draft import draft_sample, draft_sample_reference, draft_sample_store_reference
 from .noise import STREAM_ACCEPT, STREAM_DRAFT, STREAM_SAMPLE, noise_bits_reference, noise_uniform

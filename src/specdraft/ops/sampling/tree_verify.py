@@ -46,6 +46,14 @@ STREAM_SAMPLE, by the exponential race over r (fallback p) after rejections or
 Gumbel-max over target_logits / T at a leaf. A chain (every node's parent the one
 before) therefore gives exactly rejection_sample's tokens without draft_probs.
 
+Truncation (top-k / top-p / min-p): with `logit_cut` [B, N], one cut per node row
+(ops.truncation_cut of target_logits viewed as [B * N, V]), a sampled request's p at
+node c is softmax(target_logits[b, c] / T) restricted to {i : target_logits[b, c, i]
+>= cut[b, c]}, renormalised, everywhere above (acceptance, residual, leaf sample):
+the emitted tokens follow the truncated target; a child the cut removes has p = 0
+and is never accepted. The noise is unchanged: the cut only masks. Greedy requests
+do not read the cut.
+
 Outputs, with D = max_depth (default N - 1, the deepest any tree of N nodes goes):
 nodes [B, D + 1] (node 0, then the accepted node at each depth, -1 after), tokens
 [B, D + 1] (the accepted draft tokens, the emitted token, -1 after), counts [B]
@@ -70,7 +78,7 @@ from specdraft.value_checks import first_bad
 
 from ..backend import NAMESPACE, cdiv, next_power_of_2, use_triton
 from ..common.fastmath import FAST_LOG2
-from .draft import check_draft_sample_values
+from .draft import check_draft_sample_values, check_logit_cut_arg, check_logit_cut_values, truncate_logits
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -114,7 +122,9 @@ def _mark(tokens: torch.Tensor, where: torch.Tensor, vocab: int) -> torch.Tensor
     return hit[:, :vocab] > 0
 
 
-def tree_verify_reference(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth: int, salt=0):
+def tree_verify_reference(
+    tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth: int, salt=0, logit_cut=None
+):
     """The walk one depth per step: all children of the current node at once (the
     sequential rule's tests in closed form: rejected mass before child j is the sum
     of r over the earlier children), the first accepted child descends."""
@@ -122,9 +132,9 @@ def tree_verify_reference(tree_tokens, parents, target_logits, temperature, seed
     vocab, device = target_logits.shape[-1], target_logits.device
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    x = target_logits.float()
+    target_argmax = target_logits.float().argmax(-1)
+    x = truncate_logits(target_logits, temperature, logit_cut)  # greedy rows: untouched
     p = torch.softmax(x / scale[:, None, None], -1)
-    target_argmax = x.argmax(-1)
     tokens, parents = tree_tokens.long(), parents.long()
     valid = (tokens >= 0) & (tokens < vocab)
     safe = torch.where(valid, tokens, 0)
@@ -188,7 +198,7 @@ def _outputs(num_reqs: int, max_depth: int, device):
     return nodes, tokens, counts, ranks
 
 
-def _launch(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt):
+def _launch(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt, logit_cut):
     num_reqs, num_nodes = tree_tokens.shape
     vocab, device = target_logits.shape[-1], target_logits.device
     outs = _outputs(num_reqs, max_depth, device)
@@ -207,17 +217,19 @@ def _launch(tree_tokens, parents, target_logits, temperature, seeds, positions, 
     race_idx = torch.empty((num_reqs, num_splits), dtype=torch.int32, device=device)
     fall_key, fall_idx = torch.empty_like(race_key), torch.empty_like(race_idx)
     strides = (target_logits.stride(0), target_logits.stride(1))
+    cut_ptr = temperature if logit_cut is None else logit_cut  # unread without a cut
+    has_cut = logit_cut is not None
 
     wrap_triton(target_stats_kernel)[(num_reqs, num_nodes, num_splits)](
-        target_logits, temperature, temperature, part_key, part_idx, part_max, part_sum,  # no num_draft: unread
+        target_logits, temperature, temperature, cut_ptr, part_key, part_idx, part_max, part_sum,  # no num_draft
         vocab, *strides, num_nodes, num_splits,
-        ROWS_OF_DRAFTS=False, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
+        ROWS_OF_DRAFTS=False, HAS_CUT=has_cut, CHUNK=chunk, BLOCK=block, FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
     wrap_triton(tree_walk_kernel)[(num_reqs, num_splits)](
-        target_logits, tree_tokens, parents, temperature, seeds, positions, nodes, tokens, counts, ranks,
+        target_logits, tree_tokens, parents, temperature, seeds, positions, cut_ptr, nodes, tokens, counts, ranks,
         part_key, part_idx, part_max, part_sum, race_key, race_idx, fall_key, fall_idx,
         vocab, *strides, num_nodes, max_depth, num_splits,
-        ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE),
+        ACCEPT_KEY=salt_key(salt, STREAM_ACCEPT), SAMPLE_KEY=salt_key(salt, STREAM_SAMPLE), HAS_CUT=has_cut,
         NODE_BLOCK=next_power_of_2(num_nodes), CHUNK=chunk, BLOCK=block, SPLIT_BLOCK=SPLIT_BLOCK,
         FAST_LOG2=FAST_LOG2, num_warps=warps,
     )  # fmt: skip
@@ -238,15 +250,18 @@ def _tree_verify_op(
     positions: torch.Tensor,
     max_depth: int,
     salt: int,
+    logit_cut: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = (tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt)
+    args = (tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt, logit_cut)
     if not use_triton(target_logits):
         return tree_verify_reference(*args)
     return _launch(*args)
 
 
 @_tree_verify_op.register_fake
-def _tree_verify_fake(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt):
+def _tree_verify_fake(
+    tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt, logit_cut=None
+):
     return _outputs(tree_tokens.shape[0], max_depth, tree_tokens.device)
 
 
@@ -285,6 +300,7 @@ def tree_verify(
     *,
     max_depth: int | None = None,
     salt: int = 0,
+    logit_cut: torch.Tensor | None = None,
 ) -> AcceptedPath:
     """Verify a draft tree per request against the target: the accepted path and the
     emitted tokens, greedy or lossless sampled (the rule: the module docstring).
@@ -310,6 +326,12 @@ def tree_verify(
         max_depth: Python int in [0, N - 1], default N - 1: the deepest node that can
             be accepted and the outputs' width (D); tree_build's TreeShape.depth.
         salt: Python int in [0, 2**31 - 1], default 0; part of the noise's hash.
+        logit_cut: [B, N] fp32, contiguous, or None (no truncation, no extra work): the
+            cut of each node's target row (ops.truncation_cut of target_logits viewed
+            as [B * N, V], reshaped); a sampled request verifies against the truncated,
+            renormalised rows (module docstring). Greedy requests ignore it; -inf keeps
+            every token; a cut above a sampled row's largest logit keeps none (checked
+            mode refuses it).
 
     Returns:
         AcceptedPath(nodes, tokens, counts, ranks), int32: nodes [B, D + 1] (0, then the
@@ -331,8 +353,11 @@ def tree_verify(
     max_depth = num_nodes - 1 if max_depth is None else max_depth
     check_int_range("max_depth", max_depth, 0, num_nodes - 1)
     check_salt(salt)
+    check_logit_cut_arg(logit_cut, (num_reqs, num_nodes), target_logits)
     if is_checked():
         check_tree_verify_values(tree_tokens, parents, temperature, target_logits.shape[2], max_depth)
+        if logit_cut is not None:
+            check_logit_cut_values(logit_cut, target_logits, temperature)
     return AcceptedPath(
-        *_tree_verify_op(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt)
+        *_tree_verify_op(tree_tokens, parents, target_logits, temperature, seeds, positions, max_depth, salt, logit_cut)
     )

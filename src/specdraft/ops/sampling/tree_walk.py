@@ -20,7 +20,7 @@ from ..common.scan import (
     scan_vocab,
 )
 from .noise import exponential2, gumbel_gain, noise_bits, row_key, uniform
-from .verify_kernels import gumbel_step
+from .verify_kernels import gumbel_step, row_cut
 
 # ------------------------------------------------------------------- walk pieces
 
@@ -42,15 +42,20 @@ def node_stats(part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, parts, gr
 
 
 @triton.jit
-def tree_residual_step(acc, x, side, idx, args, FAST: tl.constexpr):
+def tree_residual_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
     """Every child of node `cur` rejected: the exponential races r / E over the
     residual r (p with the children's tokens zeroed) and, as the fallback, over p.
     p in base 2 as rejection.py's residual_race_step computes it. The children are the
     nodes k in [first_kid, last_kid] whose parent is `cur` (with EAGLE-2's layout, the
-    topk siblings side by side); a token outside [0, V) matches no index."""
+    topk siblings side by side); a token outside [0, V) matches no index. FLAGS: FAST,
+    CUT (logits below the node row's cut count as -inf)."""
+    FAST: tl.constexpr = FLAGS[0]  # annotated: a plain assignment would make a runtime value
+    CUT: tl.constexpr = FLAGS[1]
     race, race_idx, fall, fall_idx = acc
-    gain, max2, inv_sum, key, end, cur, first_kid, last_kid, parents_row, tokens_row = args
+    gain, max2, inv_sum, key, end, cur, first_kid, last_kid, parents_row, tokens_row, cut = args
     mask = idx < end
+    if CUT:  # p = 0 below the cut
+        x = tl.where(x < cut, float("-inf"), x)
     p = exp2(x * gain - max2, FAST) * inv_sum
     r = p
     for k in range(first_kid, last_kid + 1):
@@ -69,11 +74,12 @@ def tree_residual_step(acc, x, side, idx, args, FAST: tl.constexpr):
 @triton.jit
 def tree_walk_kernel(
     logits_ptr, tree_tokens_ptr, parents_ptr, temperature_ptr, seeds_ptr, positions_ptr,
+    cut_ptr,  # [B, N], read with HAS_CUT
     nodes_ptr, tokens_ptr, counts_ptr, ranks_ptr,  # out
     part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,  # in: the statistics kernel's partials
     race_key_ptr, race_idx_ptr, fall_key_ptr, fall_idx_ptr,  # out: per (request, chunk)
     vocab, req_stride, row_stride, num_nodes, max_depth, num_splits,
-    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, NODE_BLOCK: tl.constexpr,
+    ACCEPT_KEY: tl.constexpr, SAMPLE_KEY: tl.constexpr, HAS_CUT: tl.constexpr, NODE_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLIT_BLOCK: tl.constexpr, FAST_LOG2: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
@@ -102,6 +108,7 @@ def tree_walk_kernel(
         SPLIT_BLOCK,
     )  # fmt: skip
     key = row_key(seed, position, ACCEPT_KEY)
+    cut = row_cut(cut_ptr, req * num_nodes, HAS_CUT)  # of the current node's row
     for j in range(1, num_nodes):
         if (tl.load(parents_row + j).to(tl.int64) == cur) & (count < max_depth):
             tok = tl.load(tree_tok_row + j).to(tl.int64)
@@ -113,7 +120,9 @@ def tree_walk_kernel(
                 earlier = (lane_par == cur) & (lane > cur) & (lane < j) & (lane_tok == tok)
                 fresh = valid & (tl.max(earlier.to(tl.int32), 0) == 0)
                 x = tl.load(logits_ptr + req * req_stride + cur * row_stride + tok, mask=fresh, other=float("-inf"))
-                r = tl.where(fresh, tl.exp(x.to(tl.float32) / temp - run_max) / run_sum, 0.0)
+                x = x.to(tl.float32)
+                x = tl.where(x < cut, float("-inf"), x)  # cut = -inf without truncation
+                r = tl.where(fresh, tl.exp(x / temp - run_max) / run_sum, 0.0)
                 u = uniform(noise_bits(key, rank))
                 accept = (r > 0) & (u * (1.0 - rejected) <= r)
             if accept:
@@ -131,6 +140,7 @@ def tree_walk_kernel(
                     greedy, num_splits, SPLIT_BLOCK,
                 )  # fmt: skip
                 key = row_key(seed, position + count, ACCEPT_KEY)
+                cut = row_cut(cut_ptr, req * num_nodes + cur, HAS_CUT)
             else:
                 rank += 1
                 rejected += r
@@ -155,15 +165,15 @@ def tree_walk_kernel(
         gain = gumbel_gain(temp)
         if last_kid > 0:  # every child rejected: race over the residual, p as the fallback
             args = (gain, run_max * 1.4426950408889634, 1.0 / run_sum, sample_key, end, cur, first_kid, last_kid,
-                    parents_row, tree_tok_row)  # fmt: skip
+                    parents_row, tree_tok_row, cut)  # fmt: skip
             race, race_idx, fall, fall_idx = scan_vocab(
-                row_ptr, row_ptr, start, end, (race, race_idx, fall, fall_idx), args, tree_residual_step, FAST_LOG2,
-                False, BLOCK,
+                row_ptr, row_ptr, start, end, (race, race_idx, fall, fall_idx), args, tree_residual_step,
+                (FAST_LOG2, HAS_CUT), False, BLOCK,
             )  # fmt: skip
         else:  # a leaf: Gumbel-max over the logits, its own fallback
             race, race_idx = scan_vocab(
-                row_ptr, row_ptr, start, end, (race, race_idx), (gain, sample_key), gumbel_step, FAST_LOG2, False,
-                BLOCK,
+                row_ptr, row_ptr, start, end, (race, race_idx), (gain, sample_key, cut), gumbel_step,
+                (FAST_LOG2, HAS_CUT), False, BLOCK,
             )  # fmt: skip
             fall, fall_idx = race, race_idx
         race, race_idx = lane_argmax_finish(race, race_idx)

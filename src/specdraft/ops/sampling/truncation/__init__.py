@@ -35,6 +35,9 @@ as -inf (never kept). +inf logits: each weighs 1 and every finite logit 0 (the
 limit of the softmax). The cut is always a value of the row or -inf, so
 `logits >= cut` is exact in any dtype.
 
+The samplers take the cut as their optional `logit_cut` (draft_sample one per row,
+rejection_sample one per target row [B, K + 1], tree_verify one per node [B, N]).
+
 Files: kernel.py (the Triton kernel, without a sort: its passes), reference.py (the
 sort-based torch reference, the CPU path), op.py (the registered op, its public
 wrapper and checked mode's value checker).
