@@ -148,7 +148,6 @@ REFUSED = [
     # Truncation of the sampled run.
     (["demo", "--top-p", "0"], "--top-p must be in (0, 1] (1: off), got 0.0"),
     (["demo", "--min-p", "1.5"], "--min-p must be in [0, 1] (0: off), got 1.5"),
-    (["demo", "--top-k", "20", "--tree", "4,4,16"], "--top-k / --top-p / --min-p with --tree 4,4,16"),
 ]
 
 REFUSED_SCRIPT = textwrap.dedent(

@@ -131,9 +131,6 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo") -> argparse.Na
         parser.error(f"--top-p must be in (0, 1] (1: off), got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
         parser.error(f"--min-p must be in [0, 1] (0: off), got {args.min_p}")
-    if args.tree is not None and (args.top_k > 0 or args.top_p < 1.0 or args.min_p > 0.0):
-        parser.error(f"--top-k / --top-p / --min-p with --tree {args.tree}: a draft tree verifies without truncation "
-                     "for now")  # fmt: skip
     if args.drafter in BLOCK_DRAFTERS:
         check_block_drafter(parser, args)
         return args

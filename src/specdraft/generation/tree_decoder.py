@@ -49,7 +49,7 @@ from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 from . import checks
 from .decoder import SpeculativeDecoder, Verified
 from .state import DecodeState, Requests, commit
-from .verify import slots_of, tree_batch, window_batch
+from .verify import slots_of, target_cut, tree_batch, window_batch
 
 
 @dataclass
@@ -97,12 +97,14 @@ def sampled_walk(logits, tokens, parents, requests: Requests, first_positions, d
     """Tree verification by ops.tree_verify (greedy rows greedy, sampled rows by its
     lossless multi-candidate rule; noise keyed by each request's seed and the
     positions from first_positions, the depth-1 nodes' position), as a TreeWalk of
-    depth + 1 columns."""
+    depth + 1 columns. A request's top-k / top-p / min-p truncate every node's target
+    distribution (verify.target_cut); the tree's top-k drafts need none."""
     n = tokens.shape[1]
     reach = min(depth, n - 1)  # a tree of N nodes goes at most N - 1 deep
     sampling = requests.sampling
     out = tree_verify(tokens.contiguous(), parents.contiguous(), logits, sampling.temperature.contiguous(),
-                      sampling.seeds.contiguous(), first_positions.contiguous(), max_depth=reach)  # fmt: skip
+                      sampling.seeds.contiguous(), first_positions.contiguous(), max_depth=reach,
+                      logit_cut=target_cut(logits, sampling))  # fmt: skip
     nodes = F.pad(out.nodes.long(), (0, depth - reach), value=-1)
     emitted = F.pad(out.tokens, (0, depth - reach), value=-1)
     on_path = (nodes[:, :, None] == torch.arange(n, device=tokens.device)).any(dim=1)
@@ -143,8 +145,6 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     (module docstring: Reach). An all-greedy batch verifies by the
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
     tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
-
-    truncates = False  # ops.tree_verify takes no truncation yet
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
         check_tree_shape("tree", tree)

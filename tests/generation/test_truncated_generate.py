@@ -5,7 +5,7 @@ the exact joint of the truncated target (specs.generate.sequence_distribution wi
 specs.truncation's plain-Python rule), by a chi-square test, as
 tests/generation/test_sampling.py does untruncated: plain decoding, EAGLE with
 probabilistic drafts drawn inside the truncation, greedy drafts, a DFlash block, a
-budget cutting through the drafts. A verifier that truncates only the drafts (the
+budget cutting through the drafts, a draft tree. A verifier that truncates only the drafts (the
 target untruncated) fails the same test by far."""
 
 import pytest
@@ -117,13 +117,15 @@ def test_bad_truncation(build, setup, field, value, match):
         generate_plain(target, [[1, 2], [3]], sampling=sampling, max_model_len=MAX_MODEL_LEN, max_new_tokens=2)
 
 
-def test_tree_decoder_refuses_truncation(build, setup):
-    target = setup[0]
-    proposer = build.make_proposer("eagle", target, 2, max_model_len=MAX_MODEL_LEN)
+def test_tree_sampling_is_truncated(build, setup):
+    """A draft tree (EAGLE, depth 2, top-2, 4 nodes) verified by ops.tree_verify with
+    every node's target distribution truncated."""
+    target, joints, _, prompts, sampling = setup
+    proposer = build.make_proposer("eagle", target, 2, max_model_len=MAX_MODEL_LEN, max_reqs=len(prompts))
     decoder = TreeSpeculativeDecoder(target, proposer, TreeShape(2, 2, 4))
-    sampling = SamplingParams(torch.tensor([0.5]), torch.tensor([1]), top_k=torch.tensor([3]))
-    with pytest.raises(ValueError, match="sampling.top_k: TreeSpeculativeDecoder verifies without truncation"):
-        decoder.generate([[1, 2]], sampling=sampling, max_new_tokens=2)
+    result = decoder.generate(prompts, max_new_tokens=NUM_TOKENS, sampling=sampling)
+    assert min(pvalues(result, joints)) > 1e-3
+    assert result.stats.accepted_per_position[0] > 0.05 * result.stats.request_passes.sum()
 
 
 def test_truncated_iteration_compiles_once_for_any_parameters(build):
