@@ -126,7 +126,7 @@ def test_fullgraph_inductor(device, method, sampling, mrope, path):
     extent is `xnumel = N` (Triton) or a loop bound `static_cast<int64_t>(NL)` (C++);
     a whole-cache kernel has the cache's element count there. One compile serves
     both checks; the plain path (the decoder's call) compiles with Inductor in
-    tests/generation/test_compile.py and tests/test_demo.py."""
+    tests/test_demo.py's compiled demo."""
     # K = 2: one first pass and one draft step exercise every piece of the loop;
     # each extra step only adds an unrolled copy (and Inductor compile time).
     code, whole_cache = run_both(
