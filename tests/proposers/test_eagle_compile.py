@@ -70,17 +70,27 @@ def call(proposer, path, batch):
     )
 
 
-def run_both(method, sampling, mrope, path, device, backend, k=3):
-    head, batch, config, num_blocks = setup(
+def run_both(method, sampling, mrope, path, device, backend, k=3, num_blocks=None):
+    """The compiled call equals the eager one. With backend="inductor", returns the
+    generated code and the first KV cache's element count (run_and_get_code reads
+    the code on an FX-graph cache hit too)."""
+    head, batch, config, batch_blocks = setup(
         method, sampling, mrope, [5, 2, 7, 3], device, k=k, parallel=path == "parallel"
     )
+    num_blocks = num_blocks or batch_blocks
     eager = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
     compiled = EagleProposer(head, config, head.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device))
+    code = None
     with torch.no_grad():
         want = call(eager, path, batch)
         fn = fresh_compile(lambda *a, **kw: call(compiled, path, batch), fullgraph=True, backend=backend)
         with CompileCounts.measure() as counts:
-            got = fn()
+            if backend == "inductor":
+                from torch._inductor.utils import run_and_get_code
+
+                got, code = run_and_get_code(fn)
+            else:
+                got = fn()
     assert torch.equal(got.draft_tokens, want.draft_tokens)
     if sampling == "probabilistic":
         torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=1e-4, atol=1e-5)
@@ -88,6 +98,7 @@ def run_both(method, sampling, mrope, path, device, backend, k=3):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1
+    return code and ("\n".join(code), compiled.kv_caches[0].numel())
 
 
 @pytest.mark.parametrize("path", ["plain", "padded", "unpadded", "parallel"])
@@ -98,14 +109,32 @@ def test_fullgraph_matrix_aot_eager(device, method, sampling, mrope, path):
     run_both(method, sampling, mrope, path, device, backend="aot_eager")
 
 
+# 101 cache blocks (the batch uses 32): a whole-cache kernel's extent is a number no
+# other buffer of these graphs has.
+INDUCTOR_CACHE_BLOCKS = 101
+
+
 @pytest.mark.parametrize(
     "method, sampling, mrope, path",
     [("eagle3", "probabilistic", True, "padded"), ("eagle", "greedy", False, "unpadded")],
 )
 def test_fullgraph_inductor(device, method, sampling, mrope, path):
+    """Inductor's graph equals eager, and it writes the KV cache in place: the
+    compiled loop scatters its new keys and values into the cache; it must not
+    rebuild the cache and copy all of it back (what Inductor does with a mutation of
+    a reshaped view of an input), a full-cache copy per propose call. A kernel's
+    extent is `xnumel = N` (Triton) or a loop bound `static_cast<int64_t>(NL)` (C++);
+    a whole-cache kernel has the cache's element count there. One compile serves
+    both checks; the plain path (the decoder's call) compiles with Inductor in
+    tests/test_demo.py's compiled demo."""
     # K = 2: one first pass and one draft step exercise every piece of the loop;
     # each extra step only adds an unrolled copy (and Inductor compile time).
-    run_both(method, sampling, mrope, path, device, backend="inductor", k=2)
+    code, whole_cache = run_both(
+        method, sampling, mrope, path, device, backend="inductor", k=2, num_blocks=INDUCTOR_CACHE_BLOCKS
+    )
+    assert "def call" in code or "def run" in code, "no generated code captured"
+    extent = rf"xnumel = {whole_cache}\b|static_cast<int64_t>\({whole_cache}L\)"
+    assert re.search(extent, code) is None, f"a kernel loops over the whole cache ({whole_cache} elements)"
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
@@ -130,24 +159,3 @@ def test_dynamic_batch_sizes_compile_once(device, parallel):
                 assert torch.equal(got.draft_tokens, want.draft_tokens), num_reqs
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"{counts.compiles} graphs for 4 batch sizes"
-
-
-def test_inductor_writes_the_kv_cache_in_place(device):
-    """The compiled loop scatters its new keys and values into the cache; it must
-    not rebuild the cache and copy all of it back (what Inductor does with a
-    mutation of a reshaped view of an input), a full-cache copy per propose call.
-    A kernel's extent is `xnumel = N` (Triton) or a loop bound `static_cast<int64_t>(NL)`
-    (C++); a whole-cache kernel has the cache's element count there."""
-    from torch._inductor.utils import run_and_get_code
-
-    head, batch, config, _ = setup("eagle", "greedy", False, [5, 2, 7, 3], device, k=2)
-    kv = head.allocate_kv_caches(101, BLOCK_SIZE, device=device)
-    proposer = EagleProposer(head, config, kv)
-    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
-        fn = fresh_compile(proposer.propose, fullgraph=True)
-        _, code = run_and_get_code(fn, *batch.propose_args())
-    code = "\n".join(code)
-    assert "def call" in code or "def run" in code, "no generated code captured"
-    whole_cache = kv[0].numel()
-    extent = rf"xnumel = {whole_cache}\b|static_cast<int64_t>\({whole_cache}L\)"
-    assert re.search(extent, code) is None, f"a kernel loops over the whole cache ({whole_cache} elements)"
