@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specdraft.config import SamplingParams
+from specdraft.value_checks import first_bad
 
 
 def positive_int(name: str, value) -> int:
@@ -177,10 +178,8 @@ def check_truncation(sampling: SamplingParams | None, num_reqs: int) -> dict[str
         value = value.detach().to("cpu", torch.float32)
         low_open = name == "top_p"
         bad = ~((value > 0) if low_open else (value >= 0)) | ~(value <= 1)  # NaN fails both
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0, 0])
-            bound = "(0, 1] (1: off)" if low_open else "[0, 1] (0: off)"
-            raise ValueError(f"sampling.{name}[{first}] = {float(value[first])} is outside {bound}")
+        bound = "(0, 1] (1: off)" if low_open else "[0, 1] (0: off)"
+        first_bad(f"sampling.{name}", bad, value, f"is outside {bound}")  # CPU tensors, before any run
         out[name] = value
     return out
 
