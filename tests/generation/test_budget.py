@@ -21,7 +21,8 @@ from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
 from specdraft.tree_shape import TreeShape
 
 from fixtures.compiled_generate import assert_compiled_runs_equal
-from specs.generate import chi_square_pvalue, greedy_decode, sequence_distribution
+from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
+from specs.generate import chi_square_pvalue, greedy_decode
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2], list(range(10, 28)), [6, 5, 3]]
 MAX_NEW = [6, 11, 10, 8]
@@ -112,20 +113,10 @@ def test_budget_keeps_the_likeliest_drafts(build, chain_target):
 
 # ------------------------------------------------------------------ sampled
 
-VOCAB = 8
-PER_GROUP = 1000
-GROUPS = (([1, 2, 3, 4], 0.8), ([5, 6], 1.5))  # (prompt, temperature)
-NUM_TOKENS = 3
-
 
 @pytest.fixture(scope="module")
 def sampled_setup(build):
-    target = build.make_target(num_layers=2, vocab=VOCAB, seed=3, logit_scale=3.0)
-    joints = [sequence_distribution(target, prompt, temp, NUM_TOKENS) for prompt, temp in GROUPS]
-    prompts = [prompt for prompt, _ in GROUPS for _ in range(PER_GROUP)]
-    temperature = torch.tensor([temp for _, temp in GROUPS for _ in range(PER_GROUP)], dtype=torch.float32)
-    seeds = torch.arange(len(prompts), dtype=torch.int64) * 7919 + 13
-    return target, joints, prompts, SamplingParams(temperature=temperature, seeds=seeds)
+    return sampled_groups(build)
 
 
 def sampled_pvalues(build, setup, kind, budget):
