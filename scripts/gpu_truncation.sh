@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Request truncation (issue 40: top-k / top-p / min-p) on the GPU, logs under $OUT, the
+# benches' table rows under $OUT/results (append them with
+# `python benchmarks/record.py append <that folder>`):
+#   bash scripts/gpu_truncation.sh tests     # the truncation tests on CUDA (ops, vLLM ports, generate, eval),
+#                                            # then the 10^6-trial lossless cases (SPECDRAFT_SLOW=1, -m slow)
+#   bash scripts/gpu_truncation.sh bench     # benchmarks/bench_truncation.py (the cut, the truncated samplers)
+#                                            # and bench_truncation_acceptance.py on the demo pair
+#   bash scripts/gpu_truncation.sh sanitize  # compute-sanitizer memcheck over the three kernels that take a cut
+#   bash scripts/gpu_truncation.sh all       # the three in turn (about 9 minutes on one H200)
+DEFAULT_OUT=/tmp/gpu_truncation
+source "$(dirname "$0")/gpu_setup.sh"
+stage=${1:-tests}
+tests() {
+    shopt -s nullglob
+    files=(tests/ops/sampling/test_truncat*.py tests/ops/sampling/test_vllm_*.py tests/ops/sampling/test_tree_verify*.py
+           tests/ops/sampling/test_rejection.py tests/ops/sampling/test_draft.py tests/generation/test_truncated_generate.py
+           tests/test_eval.py tests/training/test_evaluate.py)
+    shopt -u nullglob
+    echo "test files: ${files[*]}"
+    SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider -m "not interpreter" -rfEs \
+        "${files[@]}" > "$OUT/tests_truncation.log" 2>&1
+    echo "truncation tests: exit $?"; tail -12 "$OUT/tests_truncation.log"
+    SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider -m slow -rfEs \
+        tests/ops/sampling/test_truncated_sampling_lossless.py > "$OUT/tests_truncation_slow.log" 2>&1
+    echo "10^6-trial lossless cases: exit $?"; tail -6 "$OUT/tests_truncation_slow.log"
+}
+bench() {
+    timeout 200 python3 benchmarks/bench_truncation.py > "$OUT/bench_truncation.log" 2>&1
+    echo "bench_truncation: exit $?"; grep "^|" "$OUT/bench_truncation.log"
+    if [ -f benchmarks/bench_truncation_acceptance.py ]; then
+        timeout 150 python3 benchmarks/bench_truncation_acceptance.py --device cuda > "$OUT/bench_truncation_acceptance.log" 2>&1
+        echo "bench_truncation_acceptance: exit $?"; tail -12 "$OUT/bench_truncation_acceptance.log"
+    fi
+}
+sanitize() {
+    # Small odd sizes (rows and vocabulary not multiples of any tile), every rule mixed in one batch.
+    cat > "$OUT/sanitize_truncation.py" <<'PY'
+import torch
+from specdraft.ops import draft_sample, rejection_sample, truncation_cut
+B, K, V = 7, 3, 3001
+g = torch.Generator(device="cuda").manual_seed(0)
+logits = (torch.randn(B * (K + 1), V, device="cuda", generator=g) * 3).to(torch.bfloat16)
+temp = torch.tensor([0.0, 0.5, 0.7, 1.0, 2.0, 1.0, 0.7], device="cuda")
+top_k = torch.tensor([0, 1, 5, 50, 0, 20, V + 3], dtype=torch.int32, device="cuda")
+top_p = torch.tensor([1.0, 0.5, 0.9, 0.99, 1.0, 0.9, 1.0], device="cuda")
+min_p = torch.tensor([0.0, 0.0, 0.05, 0.2, 0.05, 0.0, 1.0], device="cuda")
+rows = lambda t: t.repeat_interleave(K + 1)  # noqa: E731
+cut = truncation_cut(logits, rows(temp), rows(top_k), rows(top_p), rows(min_p)).view(B, K + 1)
+seeds, positions = torch.arange(B, device="cuda") + 11, torch.arange(B, device="cuda") * 3
+draft = draft_sample(logits[:B].contiguous(), temp, seeds, positions, logit_cut=cut[:, 0].contiguous())
+probs = torch.softmax(torch.randn(B, K, V, device="cuda"), -1)
+drafts = torch.randint(0, V, (B, K), device="cuda")
+num = torch.tensor([3, 2, 0, 1, 3, 3, 2], device="cuda")
+out = rejection_sample(drafts, num, probs, logits.view(B, K + 1, V), temp, seeds, positions, logit_cut=cut)
+torch.cuda.synchronize()
+print("sanitize: ran draft_sample, truncation_cut, rejection_sample with cuts", draft.shape, [o.shape for o in out])
+PY
+    timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python3 "$OUT/sanitize_truncation.py" > "$OUT/sanitize_truncation.log" 2>&1
+    echo "compute-sanitizer memcheck: exit $?"; tail -5 "$OUT/sanitize_truncation.log"
+}
+case "$stage" in
+tests) tests ;;
+bench) bench ;;
+sanitize) sanitize ;;
+all) tests; bench; sanitize ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
