@@ -21,6 +21,7 @@ indices must be integers or slices, not NoneType"); the others still run.
 
     python benchmarks/bench_truncation.py
     python benchmarks/bench_truncation.py --smoke        # CPU, tiny sizes: a check of the script
+    python benchmarks/bench_truncation.py --tiles        # also the kernel's tile sweep (table truncation_tiles)
 """
 
 import argparse
@@ -31,6 +32,7 @@ from functools import partial
 import torch
 from record import append_table
 
+import specdraft.ops.sampling.truncation.op as truncation_launch
 from specdraft.ops import draft_sample, rejection_sample, truncation_cut
 from specdraft.ops.sampling.draft import draft_sample_reference
 from specdraft.ops.sampling.rejection import rejection_sample_reference
@@ -49,6 +51,18 @@ TEMPERATURES = (0.7, 1.0)
 NUM_SPEC = 3
 
 
+def blocked_cumsum(x, width: int = 128):
+    """x.cumsum(-1) in two levels (within tiles of `width`, then the tiles' totals):
+    torch 2.11's Inductor failed to generate its split-scan Triton kernel for a plain
+    cumsum over 256 rows of 152k ("TypeError: list indices must be integers or slices,
+    not NoneType"), and 1,024 rows compiled; the tiles give the scan many rows."""
+    rows, length = x.shape
+    padded = torch.nn.functional.pad(x, (0, -length % width)).view(rows, -1, width)
+    inner = padded.cumsum(-1)
+    totals = inner[..., -1]
+    return (inner + (totals.cumsum(-1) - totals)[..., None]).view(rows, -1)[:, :length]
+
+
 def sort_cut(logits, temperature, top_k, top_p, min_p):
     """The usual sort-based truncation as one logit cut per row: sort, the k-th value,
     softmax of what top-k keeps, fp32 cumulative sum for top-p, min-p against the
@@ -61,7 +75,7 @@ def sort_cut(logits, temperature, top_k, top_p, min_p):
     cut_k = values.gather(-1, (k - 1)[:, None])
     kept = torch.where(values >= cut_k, values, float("-inf"))
     probs = torch.softmax(kept / temperature[:, None], -1)
-    mass_before = probs.cumsum(-1) - probs
+    mass_before = blocked_cumsum(probs) - probs
     cut_p = torch.where(mass_before < top_p[:, None], values, float("inf")).amin(-1, keepdim=True)
     cut_min = values[:, :1] + temperature[:, None] * torch.log(min_p[:, None])
     return torch.maximum(torch.maximum(cut_k, cut_p), cut_min)[:, 0]
@@ -177,6 +191,37 @@ def bench_sampling(batch, vocab, device):
     return table
 
 
+TILE_NAMES = ("BLOCK", "BINS", "MASS_BLOCK", "PIVOTS", "NUM_WARPS")
+TILE_CONFIGS = (
+    (4096, 256, 1024, 16, 8),
+    (2048, 256, 512, 16, 8),
+    (8192, 256, 2048, 16, 16),
+    (4096, 64, 1024, 16, 8),
+    (4096, 1024, 1024, 16, 8),
+    (4096, 256, 512, 8, 8),
+    (4096, 256, 2048, 32, 16),
+    (4096, 256, 1024, 16, 4),
+)
+
+
+def sweep_tiles(batch, vocab, device):
+    """truncation_cut's tiles (op.py's launch constants), T = 1, three parameter sets;
+    the first row of each set is the module's defaults."""
+    defaults = tuple(getattr(truncation_launch, name) for name in TILE_NAMES)
+    table = []
+    for name, top_k, top_p, min_p in (PARAMS[0], PARAMS[1], PARAMS[4]):
+        args = make_inputs(batch, vocab, 1.0, top_k, top_p, min_p, device)
+        oracle = truncation_cut_reference(*args)
+        for config in (defaults, *(c for c in TILE_CONFIGS if c != defaults)):
+            for attr, value in zip(TILE_NAMES, config, strict=True):
+                setattr(truncation_launch, attr, value)
+            differ = int((truncation_cut(*args) != oracle).sum())
+            table.append([name, *config, time_us(partial(truncation_cut, *args), device), differ])
+    for attr, value in zip(TILE_NAMES, defaults, strict=True):
+        setattr(truncation_launch, attr, value)
+    return table
+
+
 def markdown(headers, rows) -> str:
     def cell(v):
         return f"{v:.1f}" if isinstance(v, float) else str(v)
@@ -199,6 +244,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=152_064)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check of the script")
+    parser.add_argument("--tiles", action="store_true", help="also the kernel's tile sweep (CUDA)")
     args = parser.parse_args(argv)
     device = "cuda"
     if args.smoke:
@@ -216,6 +262,11 @@ def main(argv=None) -> None:
         config = {"dtype": "bfloat16"}
         append_table("truncation", CUT_HEADERS, cut_table, config_columns=4, config=config)
         append_table("truncated_sampling", SAMPLING_HEADERS, sampling_table, config_columns=5, config=config)
+        if args.tiles:
+            tiles = sweep_tiles(args.batch, args.vocab, device)
+            headers = ["truncation", *TILE_NAMES, "us", "rows differing from the exact ref"]
+            append_table("truncation_tiles", headers, tiles, config_columns=6, config=config)
+            text += f"\n\n### truncation_cut tiles (T = 1.0)\n\n{markdown(headers, tiles)}"
         emit("bench_truncation", f"{device_name()}; copy {copy_bandwidth_gbs():.0f} GB/s; bf16 logits\n\n{text}")
     else:
         print(f"CPU smoke run; B = {args.batch}, V = {args.vocab}, bf16 logits\n\n{text}")

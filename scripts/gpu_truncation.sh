@@ -4,7 +4,7 @@
 # `python benchmarks/record.py append <that folder>`):
 #   bash scripts/gpu_truncation.sh tests     # the truncation tests on CUDA (ops, vLLM ports, generate, eval),
 #                                            # then the 10^6-trial lossless cases (SPECDRAFT_SLOW=1, -m slow)
-#   bash scripts/gpu_truncation.sh bench     # benchmarks/bench_truncation.py (the cut, the truncated samplers)
+#   bash scripts/gpu_truncation.sh bench     # benchmarks/bench_truncation.py --tiles (the cut, its tiles, the truncated samplers)
 #                                            # and bench_truncation_acceptance.py on the demo pair
 #   bash scripts/gpu_truncation.sh sanitize  # compute-sanitizer memcheck over the three kernels that take a cut
 #   bash scripts/gpu_truncation.sh all       # the three in turn (about 9 minutes on one H200)
@@ -26,7 +26,7 @@ tests() {
     echo "10^6-trial lossless cases: exit $?"; tail -6 "$OUT/tests_truncation_slow.log"
 }
 bench() {
-    timeout 200 python3 benchmarks/bench_truncation.py > "$OUT/bench_truncation.log" 2>&1
+    timeout 300 python3 benchmarks/bench_truncation.py --tiles > "$OUT/bench_truncation.log" 2>&1
     echo "bench_truncation: exit $?"; grep "^|" "$OUT/bench_truncation.log"
     if [ -f benchmarks/bench_truncation_acceptance.py ]; then
         timeout 150 python3 benchmarks/bench_truncation_acceptance.py --device cuda > "$OUT/bench_truncation_acceptance.log" 2>&1

@@ -4,10 +4,13 @@ One program per row, a bounded number of passes over the row, no sort:
 
 1. the row's max m (every truncated row);
 2. top-k (when on): a search over the logits' order keys for the k-th largest
-   candidate: each pass counts the candidates at or above PIVOTS evenly spaced keys
-   of the current interval and keeps the sub-interval where the count crosses k;
-3. top-p (when on): the same search on the candidates' mass at or above each pivot
-   (sum of exp((l - m) / T)) against top_p times the mass at or above step 2's cut;
+   candidate: each pass histograms the candidates of the current key interval into
+   BINS buckets of 2**s keys each (tl.histogram: a few instructions a token) and
+   keeps the bucket where the count at or above it crosses k;
+3. top-p (when on): the same search on the candidates' mass at or above each of
+   PIVOTS evenly spaced keys (sum of exp((l - m) / T); a [MASS_BLOCK, PIVOTS]
+   comparison a pass, as a histogram has no weights) against top_p times the mass at
+   or above step 2's cut;
 4. the cut's value: the key the last search stopped at, decoded; only where no
    search moved (min-p alone, or fewer than k candidates), one more pass takes the
    smallest candidate.
@@ -20,10 +23,14 @@ Order keys: an fp32 value's bits as an int32, the negative ones' magnitude bits
 flipped, is monotone in the value; bf16 (fp16) logits leave the low 16 (13) bits
 of their fp32 value zero, so the key shifted right by SHIFT = 16 (13) is still
 one-to-one on them and the search covers 2**16 (2**19) keys instead of 2**32. A
-search pass cuts the interval by PIVOTS + 1, so it takes at most
-ceil((32 - SHIFT) / log2(PIVOTS + 1)) passes: 8 for fp32, 4 for bf16, 5 for fp16
-with 16 pivots (fewer when min-p narrows the interval). Passes per truncated row:
-1 + those of each search that is on, + 1 where no search moved.
+count pass cuts the interval by BINS (ceil((32 - SHIFT) / log2(BINS)) passes at
+most: 4 for fp32, 2 for bf16, 3 for fp16 with 256 bins), a mass pass by PIVOTS + 1
+(8, 4 and 5 passes with 16 pivots); fewer when min-p narrows the interval. Passes
+per truncated row: 1 + those of each search that is on, + 1 where no search moved.
+Each pass streams the row in tiles of BLOCK (MASS_BLOCK) tokens: a tile is the
+loads one program has in flight, and a row is read by one program, so small tiles
+leave a pass waiting on memory latency (256-token tiles took ~570 us a pass at B =
+256, V = 152k on an H200).
 
 The count or mass at a pivot is a sum over the same tokens in the same order in
 every pass, so it is the same number whichever pass computes it, and it never
@@ -119,44 +126,69 @@ def row_max(row_ptr, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pivot_pass(row_ptr, vocab, pivots, base, thr, top, temp,
-               MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
-    """One pass: per pivot, the candidates at or above it (their count, or MASS:
-    their mass), and the mass of the candidates at or above `base`. A block's mass
-    is summed in fp32, the blocks' in fp64: a 152k row has 594 blocks, whose fp32
-    running sum would drift by ~1e-5 of the total, the size of one tail token's
-    mass at top_p = 0.99, and move the cut."""
-    hits = tl.zeros([PIVOTS], tl.float64 if MASS else tl.int32)
+def mass_pass(row_ptr, vocab, pivots, base, thr, top, temp,
+              SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """One pass: the mass of the candidates at or above each pivot, and at or above
+    `base`. A tile's mass is summed in fp32, the tiles' in fp64: a 152k row in
+    256-token tiles has 594 of them, whose fp32 running sum would drift by ~1e-5 of
+    the total, the size of one tail token's mass at top_p = 0.99, and move the cut."""
+    hits = tl.zeros([PIVOTS], tl.float64)
     total = tl.zeros([], tl.float64)
     for off in range(0, vocab, BLOCK):
         x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
         key = candidate_keys(x, thr, SHIFT)
-        above = key[:, None] >= pivots[None, :]
-        if MASS:
-            w = candidate_weights(x, thr, top, temp)
-            hits += tl.sum(tl.where(above, w[:, None], 0.0), 0).to(tl.float64)
-            total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
-        else:
-            hits += tl.sum(above.to(tl.int32), 0)
+        w = candidate_weights(x, thr, top, temp)
+        hits += tl.sum(tl.where(key[:, None] >= pivots[None, :], w[:, None], 0.0), 0).to(tl.float64)
+        total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
     return hits, total
 
 
 @triton.jit
-def search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp,
-           MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
-    """The largest key t in [lo, hi) whose candidates at or above it number at
-    least top_k (MASS: weigh at least top_p times those at or above lo); lo where
-    none does (lo counts as passing, hi as failing). Keys are int64 here."""
+def count_search(row_ptr, vocab, lo, hi, top_k, thr,
+                 SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
+    """The largest key t in [lo, hi) with at least top_k candidates at or above it;
+    lo where none has (lo counts as passing, hi as failing). Keys are int64 here.
+    A pass: bucket b of the interval holds keys lo + [b * 2**s, (b + 1) * 2**s),
+    with s the smallest shift that fits the interval in BINS buckets; the count at
+    or above a bucket's first key is the candidates at or above hi plus the
+    buckets' counts from b up."""
+    bins = tl.arange(0, BINS)
+    while hi - lo > 1:
+        shift = 0
+        while ((hi - lo - 1) >> shift) >= BINS:
+            shift += 1
+        counts = tl.zeros([BINS], tl.int32)
+        above = tl.zeros([], tl.int32)
+        for off in range(0, vocab, BLOCK):
+            x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
+            key = candidate_keys(x, thr, SHIFT).to(tl.int64)
+            inside = (key >= lo) & (key < hi)
+            bucket = tl.where(inside, (key - lo) >> shift, 0).to(tl.int32)
+            counts += tl.histogram(bucket, BINS, mask=inside)
+            above += tl.sum((key >= hi).to(tl.int32), 0)
+        at_or_above = above + tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts
+        starts = lo + (bins.to(tl.int64) << shift)
+        passing = (at_or_above >= top_k) & (starts < hi)
+        # Passing buckets are a prefix (counts at or above never grow with the key).
+        last = tl.max(tl.where(passing, bins, 0), 0).to(tl.int64)
+        hi = tl.minimum(hi, lo + ((last + 1) << shift))
+        lo = lo + (last << shift)
+    return lo
+
+
+@triton.jit
+def mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp,
+                SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """The largest key t in [lo, hi) whose candidates at or above it weigh at least
+    top_p times those at or above lo; lo where none does (lo counts as passing, hi
+    as failing). Keys are int64 here."""
     base = lo
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
         pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
-        hits, total = pivot_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
-                                 MASS, SHIFT, BLOCK, PIVOTS)  # fmt: skip
-        if MASS:
-            passing = hits >= top_p.to(tl.float64) * total
-        else:
-            passing = hits >= top_k
+        hits, total = mass_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
+                                SHIFT, BLOCK, PIVOTS)  # fmt: skip
+        passing = hits >= top_p.to(tl.float64) * total
         # Passing pivots are a prefix (hits never grow with the pivot).
         new_lo = tl.max(tl.where(passing, pivots, lo), 0)
         hi = tl.min(tl.where(passing, hi, pivots), 0)
@@ -178,7 +210,8 @@ def smallest_candidate(row_ptr, vocab, lo, thr, SHIFT: tl.constexpr, BLOCK: tl.c
 def truncation_cut_kernel(
     logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, cut_ptr,
     vocab, row_stride,
-    SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
+    SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    PIVOTS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
@@ -198,9 +231,9 @@ def truncation_cut_kernel(
             lo = floor
             hi = order_key(top, SHIFT).to(tl.int64) + 1
             if top_k_on:
-                lo = search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp, False, SHIFT, BLOCK, PIVOTS)
+                lo = count_search(row_ptr, vocab, lo, hi, top_k, thr, SHIFT, BLOCK, BINS)
             if top_p_on:
-                lo = search(row_ptr, vocab, lo, hi, top_k, top_p, thr, top, temp, True, SHIFT, BLOCK, PIVOTS)
+                lo = mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT, MASS_BLOCK, PIVOTS)
             if lo > floor:
                 # A search moved: lo passes and lo + 1 fails, so lo is a candidate's key.
                 cut = key_value(lo.to(tl.int32), SHIFT)

@@ -19,11 +19,13 @@ KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
 if TRITON_INTERPRET:
     # The interpreter emulates every lane in NumPy: small blocks keep it fast, make
     # small test rows span several blocks, and few pivots make the searches loop.
-    BLOCK, PIVOTS, NUM_WARPS = 16, 4, 4
+    BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
 else:
-    BLOCK = 256  # tokens per loop iteration; a pass holds a [BLOCK, PIVOTS] comparison
-    PIVOTS = 16  # keys tried per search pass: the interval shrinks 17x a pass
-    NUM_WARPS = 4
+    BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
+    BINS = 256  # buckets per top-k pass: the key interval shrinks 256x a pass
+    MASS_BLOCK = 1024  # tokens per tile of a top-p pass, a [MASS_BLOCK, PIVOTS] comparison
+    PIVOTS = 16  # keys tried per top-p pass: the interval shrinks 17x a pass
+    NUM_WARPS = 8
 
 
 def _output(num_rows: int, device) -> torch.Tensor:
@@ -37,7 +39,8 @@ def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
         return cut
     wrap_triton(truncation_cut_kernel)[(num_rows,)](
         logits, temperature, top_k, top_p, min_p, cut, vocab, logits.stride(0),
-        SHIFT=KEY_SHIFT[logits.dtype], BLOCK=BLOCK, PIVOTS=PIVOTS, num_warps=NUM_WARPS,
+        SHIFT=KEY_SHIFT[logits.dtype], BLOCK=BLOCK, BINS=BINS, MASS_BLOCK=MASS_BLOCK, PIVOTS=PIVOTS,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
     return cut
 
