@@ -7,10 +7,11 @@ One program per row, a bounded number of passes over the row, no sort:
    candidate: each pass histograms the candidates of the current key interval into
    BINS buckets of 2**s keys each (tl.histogram: a few instructions a token) and
    keeps the bucket where the count at or above it crosses k;
-3. top-p (when on): the same search on the candidates' mass at or above each of
-   PIVOTS evenly spaced keys (sum of exp((l - m) / T); a [MASS_BLOCK, PIVOTS]
-   comparison a pass, as a histogram has no weights) against top_p times the mass at
-   or above step 2's cut;
+3. top-p (when on): the same search on the candidates' mass (sum of exp((l - m) /
+   T)) against top_p times the mass at or above step 2's cut. A histogram has no
+   weights, so a pass brackets each bucket's mass between count x the weights of its
+   lowest and highest keys (mass_search), and only where no bucket is sure falls
+   back to exact masses at PIVOTS keys (a [MASS_BLOCK, PIVOTS] comparison);
 4. the cut's value: the key the last search stopped at, decoded; only where no
    search moved (min-p alone, or fewer than k candidates), one more pass takes the
    smallest candidate.
@@ -24,23 +25,22 @@ flipped, is monotone in the value; bf16 (fp16) logits leave the low 16 (13) bits
 of their fp32 value zero, so the key shifted right by SHIFT = 16 (13) is still
 one-to-one on them and the search covers 2**16 (2**19) keys instead of 2**32. A
 count pass cuts the interval by BINS (ceil((32 - SHIFT) / log2(BINS)) passes at
-most: 4 for fp32, 2 for bf16, 3 for fp16 with 256 bins), a mass pass by PIVOTS + 1
-(8, 4 and 5 passes with 16 pivots); fewer when min-p narrows the interval. Passes
+most: 4 for fp32, 2 for bf16, 3 for fp16 with 256 bins); a bracketing mass pass
+by up to BINS, a fallback pass by PIVOTS + 1; fewer when min-p narrows the interval. Passes
 per truncated row: 1 + those of each search that is on, + 1 where no search moved.
 Each pass streams the row in tiles of BLOCK (MASS_BLOCK) tokens: a tile is the
 loads one program has in flight, and a row is read by one program, so small tiles
 leave a pass waiting on memory latency (256-token tiles took ~570 us a pass at B =
 256, V = 152k on an H200).
 
-The count or mass at a pivot is a sum over the same tokens in the same order in
-every pass, so it is the same number whichever pass computes it, and it never
-decreases as the pivot decreases (rounded addition of non-negative terms is
-monotone): the passing pivots are always a prefix, and the search finds the exact
-crossing of the numbers it computes. Against the sort-based reference (an fp64
-cumulative sum of the same fp32 weights), a top-p decision can differ only where
-the mass at a cut is within rounding of top_p times the total: each weight's exp
-may differ by an ulp or two between implementations (about 1e-7 of the total in
-all), and the blocks' fp32 sums by a few 1e-8. One tail token at top_p = 0.99 and
+A count at a key is exact, so top-k's search finds the exact k-th candidate. The
+masses a pass computes never decrease as the key decreases (sums of non-negative
+terms), so the buckets or pivots that pass are a prefix; across passes a mass at
+one key may be summed differently (tiles, or count x weight) by rounding. Against
+the sort-based reference (an fp64 cumulative sum of the same fp32 weights), a top-p
+decision can differ only where the mass at a cut is within rounding of top_p times
+the total: each weight's exp may differ by an ulp or two between implementations
+(about 1e-7 of the total in all), and the tiles' fp32 sums by a few 1e-8. One tail token at top_p = 0.99 and
 V = 152k weighs about 1e-5 of the total; a bf16 row's tie groups weigh far more.
 """
 
@@ -144,31 +144,59 @@ def mass_pass(row_ptr, vocab, pivots, base, thr, top, temp,
 
 
 @triton.jit
+def bucket_shift(lo, hi, BINS: tl.constexpr):
+    """The smallest s with the keys [lo, hi) in BINS buckets of 2**s keys."""
+    shift = 0
+    while ((hi - lo - 1) >> shift) >= BINS:
+        shift += 1
+    return shift
+
+
+@triton.jit
+def bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
+                MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
+    """One pass: the candidates of each bucket b (keys lo + [b * 2**shift, (b + 1) *
+    2**shift), within [lo, hi)) and those at or above hi; MASS: also the mass at or
+    above hi and at or above `base` (a tile's in fp32, the tiles' in fp64: a 152k row
+    in 256-token tiles has 594 of them, whose fp32 running sum would drift by ~1e-5
+    of the total, the size of one tail token's mass at top_p = 0.99)."""
+    counts = tl.zeros([BINS], tl.int32)
+    above = tl.zeros([], tl.int32)
+    above_mass = tl.zeros([], tl.float64)
+    total = tl.zeros([], tl.float64)
+    for off in range(0, vocab, BLOCK):
+        x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
+        key = candidate_keys(x, thr, SHIFT).to(tl.int64)
+        inside = (key >= lo) & (key < hi)
+        counts += tl.histogram(tl.where(inside, (key - lo) >> shift, 0).to(tl.int32), BINS, mask=inside)
+        above += tl.sum((key >= hi).to(tl.int32), 0)
+        if MASS:
+            w = candidate_weights(x, thr, top, temp)
+            above_mass += tl.sum(tl.where(key >= hi, w, 0.0), 0).to(tl.float64)
+            total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
+    return counts, above, above_mass, total
+
+
+@triton.jit
+def suffix_sums(values):
+    """Per bucket, the sum of its value and those of every bucket above it."""
+    return tl.sum(values, 0) - tl.cumsum(values, 0) + values
+
+
+@triton.jit
 def count_search(row_ptr, vocab, lo, hi, top_k, thr,
                  SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
     """The largest key t in [lo, hi) with at least top_k candidates at or above it;
     lo where none has (lo counts as passing, hi as failing). Keys are int64 here.
-    A pass: bucket b of the interval holds keys lo + [b * 2**s, (b + 1) * 2**s),
-    with s the smallest shift that fits the interval in BINS buckets; the count at
-    or above a bucket's first key is the candidates at or above hi plus the
-    buckets' counts from b up."""
+    The count at or above a bucket's first key is the candidates at or above hi plus
+    the buckets' counts from it up."""
     bins = tl.arange(0, BINS)
     while hi - lo > 1:
-        shift = 0
-        while ((hi - lo - 1) >> shift) >= BINS:
-            shift += 1
-        counts = tl.zeros([BINS], tl.int32)
-        above = tl.zeros([], tl.int32)
-        for off in range(0, vocab, BLOCK):
-            x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
-            key = candidate_keys(x, thr, SHIFT).to(tl.int64)
-            inside = (key >= lo) & (key < hi)
-            bucket = tl.where(inside, (key - lo) >> shift, 0).to(tl.int32)
-            counts += tl.histogram(bucket, BINS, mask=inside)
-            above += tl.sum((key >= hi).to(tl.int32), 0)
-        at_or_above = above + tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts
+        shift = bucket_shift(lo, hi, BINS)
+        counts, above, _, _ = bucket_pass(row_ptr, vocab, lo, hi, shift, lo, thr, 0.0, 1.0,
+                                          False, SHIFT, BLOCK, BINS)  # fmt: skip
         starts = lo + (bins.to(tl.int64) << shift)
-        passing = (at_or_above >= top_k) & (starts < hi)
+        passing = (above + suffix_sums(counts) >= top_k) & (starts < hi)
         # Passing buckets are a prefix (counts at or above never grow with the key).
         last = tl.max(tl.where(passing, bins, 0), 0).to(tl.int64)
         hi = tl.minimum(hi, lo + ((last + 1) << shift))
@@ -177,22 +205,49 @@ def count_search(row_ptr, vocab, lo, hi, top_k, thr,
 
 
 @triton.jit
-def mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp,
-                SHIFT: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+def mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+                BINS: tl.constexpr, MASS_BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
     """The largest key t in [lo, hi) whose candidates at or above it weigh at least
     top_p times those at or above lo; lo where none does (lo counts as passing, hi
-    as failing). Keys are int64 here."""
+    as failing). Keys are int64 here.
+
+    A pass counts the candidates per bucket (as count_search) and sums the exact
+    mass at or above hi and the total; every candidate of a bucket weighs between
+    the weights of the bucket's first and last keys' values, so the mass at or above
+    a bucket's first key lies between two suffix sums of count x weight. Buckets
+    whose lower bound passes surely pass, those whose upper bound fails surely fail,
+    and the interval shrinks to the buckets between (one bucket of single keys is
+    exact: its bounds are equal). Where no bucket is sure (wide buckets at a low
+    temperature), a [MASS_BLOCK, PIVOTS] pass of exact masses at PIVOTS keys
+    shrinks it PIVOTS + 1 times instead."""
     base = lo
+    bins = tl.arange(0, BINS)
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
-        pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
-        hits, total = mass_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
-                                SHIFT, BLOCK, PIVOTS)  # fmt: skip
-        passing = hits >= top_p.to(tl.float64) * total
-        # Passing pivots are a prefix (hits never grow with the pivot).
-        new_lo = tl.max(tl.where(passing, pivots, lo), 0)
-        hi = tl.min(tl.where(passing, hi, pivots), 0)
+        shift = bucket_shift(lo, hi, BINS)
+        counts, _, above_mass, total = bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
+                                                   True, SHIFT, BLOCK, BINS)  # fmt: skip
+        target = top_p.to(tl.float64) * total
+        starts = lo + (bins.to(tl.int64) << shift)
+        inside = starts < hi
+        lasts = tl.minimum(starts + (1 << shift), hi) - 1
+        lightest = candidate_weights(key_value(starts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
+        heaviest = candidate_weights(key_value(lasts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
+        number = tl.where(inside, counts, 0).to(tl.float64)
+        sure_pass = (above_mass + suffix_sums(number * lightest) >= target) & inside
+        sure_fail = (above_mass + suffix_sums(number * heaviest) < target) & inside & (bins > 0)
+        new_lo = tl.max(tl.where(sure_pass, starts, lo), 0)
+        new_hi = tl.min(tl.where(sure_fail, starts, hi), 0)
+        if (new_lo == lo) & (new_hi == hi):
+            pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
+            hits, base_mass = mass_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
+                                        SHIFT, MASS_BLOCK, PIVOTS)  # fmt: skip
+            passing = hits >= top_p.to(tl.float64) * base_mass
+            # Passing pivots are a prefix (hits never grow with the pivot).
+            new_lo = tl.max(tl.where(passing, pivots, lo), 0)
+            new_hi = tl.min(tl.where(passing, hi, pivots), 0)
         lo = new_lo
+        hi = new_hi
     return lo
 
 
@@ -233,7 +288,7 @@ def truncation_cut_kernel(
             if top_k_on:
                 lo = count_search(row_ptr, vocab, lo, hi, top_k, thr, SHIFT, BLOCK, BINS)
             if top_p_on:
-                lo = mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT, MASS_BLOCK, PIVOTS)
+                lo = mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT, BLOCK, BINS, MASS_BLOCK, PIVOTS)
             if lo > floor:
                 # A search moved: lo passes and lo + 1 fails, so lo is a candidate's key.
                 cut = key_value(lo.to(tl.int32), SHIFT)
