@@ -146,7 +146,7 @@ def mass_pass(row_ptr, vocab, pivots, base, thr, top, temp,
 @triton.jit
 def bucket_shift(lo, hi, BINS: tl.constexpr):
     """The smallest s with the keys [lo, hi) in BINS buckets of 2**s keys."""
-    shift = 0
+    shift = tl.zeros([], tl.int32)
     while ((hi - lo - 1) >> shift) >= BINS:
         shift += 1
     return shift
@@ -164,16 +164,20 @@ def bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
     above = tl.zeros([], tl.int32)
     above_mass = tl.zeros([], tl.float64)
     total = tl.zeros([], tl.float64)
+    # Per token in int32 (int64 is two instructions a step): keys and the bounds fit
+    # it, and key - lo, up to 2**32 - 1, wraps into the right uint32.
+    lo32, hi32, base32 = lo.to(tl.int32), hi.to(tl.int32), base.to(tl.int32)
     for off in range(0, vocab, BLOCK):
         x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
-        key = candidate_keys(x, thr, SHIFT).to(tl.int64)
-        inside = (key >= lo) & (key < hi)
-        counts += tl.histogram(tl.where(inside, (key - lo) >> shift, 0).to(tl.int32), BINS, mask=inside)
-        above += tl.sum((key >= hi).to(tl.int32), 0)
+        key = candidate_keys(x, thr, SHIFT)
+        inside = (key >= lo32) & (key < hi32)
+        offset = (key - lo32).to(tl.uint32, bitcast=True) >> shift.to(tl.uint32)
+        counts += tl.histogram(tl.where(inside, offset, 0).to(tl.int32), BINS, mask=inside)
+        above += tl.sum((key >= hi32).to(tl.int32), 0)
         if MASS:
             w = candidate_weights(x, thr, top, temp)
-            above_mass += tl.sum(tl.where(key >= hi, w, 0.0), 0).to(tl.float64)
-            total += tl.sum(tl.where(key >= base, w, 0.0), 0).to(tl.float64)
+            above_mass += tl.sum(tl.where(key >= hi32, w, 0.0), 0).to(tl.float64)
+            total += tl.sum(tl.where(key >= base32, w, 0.0), 0).to(tl.float64)
     return counts, above, above_mass, total
 
 
