@@ -209,11 +209,29 @@ def count_search(row_ptr, vocab, lo, hi, top_k, thr,
 
 
 @triton.jit
-def mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+def top_p_floor(top, temp, top_p, vocab, SHIFT: tl.constexpr):
+    """A key that top-p's search may start at (int64): at or below the value t0 =
+    top + T * ln((1 - top_p) / (2 * vocab)). Every candidate below t0 weighs less
+    than (1 - top_p) / (2 * vocab) of the max's weight (1), all of them less than
+    (1 - top_p) / 2 <= (1 - top_p) / 2 x the total (>= 1), so the mass at or above
+    t0 is more than top_p x the total: t0 passes, as does any key below it. The
+    factor 2 covers t0's rounding to fp32 and the sums' rounding. On a flat row
+    (random logits) t0 is far below most logits; on a peaked one (a trained
+    model's) it leaves few candidates to search."""
+    span = temp.to(tl.float64) * tl.log((1.0 - top_p.to(tl.float64)) / (2.0 * vocab))
+    t0 = (top.to(tl.float64) + span).to(tl.float32)
+    return order_key(tl.where(t0 == t0, t0, float("-inf")), SHIFT).to(tl.int64)
+
+
+@triton.jit
+def mass_search(row_ptr, vocab, base, hi, top_p, thr, top, temp, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
                 BINS: tl.constexpr, MASS_BLOCK: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
-    """The largest key t in [lo, hi) whose candidates at or above it weigh at least
-    top_p times those at or above lo; lo where none does (lo counts as passing, hi
-    as failing). Keys are int64 here.
+    """The largest key t in [base, hi) whose candidates at or above it weigh at least
+    top_p times those at or above base; base where none does (base counts as
+    passing, hi as failing). Keys are int64 here.
+
+    The search starts at top_p_floor's key, which passes: the candidates below it
+    weigh less than (1 - top_p) / 2 of the max's weight in all.
 
     A pass counts the candidates per bucket (as count_search) and sums the exact
     mass at or above hi and the total; every candidate of a bucket weighs between
@@ -224,7 +242,7 @@ def mass_search(row_ptr, vocab, lo, hi, top_p, thr, top, temp, SHIFT: tl.constex
     exact: its bounds are equal). Where no bucket is sure (wide buckets at a low
     temperature), a [MASS_BLOCK, PIVOTS] pass of exact masses at PIVOTS keys
     shrinks it PIVOTS + 1 times instead."""
-    base = lo
+    lo = tl.maximum(base, top_p_floor(top, temp, top_p, vocab, SHIFT))
     bins = tl.arange(0, BINS)
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
