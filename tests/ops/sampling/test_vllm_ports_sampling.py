@@ -8,7 +8,8 @@ softmax over the kept logits in float64, chi-square thresholds of specs/sampling
 Where vLLM's rule differs from ours (its top_k = 1 picks the first of a tied max,
 its Cake top-k keeps the lowest indices of a tie group), the port asserts ours and
 says so. Unmarked tests (statistical, many patterns) run in the CPU and GPU lanes
-only: the interpreted kernels equal the references in test_truncated_sampling.py.
+only: the interpreted kernels equal the references in test_truncated_sampling.py;
+the interpreter lane runs the marked ones with fewer seeds and parameter values.
 
 vLLM tests, by file (vllm-project/vllm, at the commit read):
 
@@ -192,10 +193,10 @@ def test_mask_ties_keep_every_tie(device):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("top_p", [None, 0.8])
+@pytest.mark.parametrize("top_p", [0.8] if INTERPRETER else [None, 0.8])
 def test_sample_within_kept_set(device, top_p):
     """Every draw of draft_sample with the cut is a token the cut keeps."""
-    batch, vocab, rounds = (2, 40, 4) if INTERPRETER else (32, 4096, 20)
+    batch, vocab, rounds = (2, 40, 2) if INTERPRETER else (32, 4096, 20)
     logits = (torch.randn(batch, vocab, generator=generator(2)) * 2).to(device)
     params = {"top_k": 50 if not INTERPRETER else 6, "top_p": top_p or 1.0}
     cut = compare_results(logits, device, **params)
@@ -225,7 +226,7 @@ def test_sample_preserves_nonuniform_probabilities(device):
 # --------------------------------------------------- test_greedy_topk1_invariance.py
 
 SEEDS = 8 if INTERPRETER else 32  # vLLM: 32 seeds
-TOPK1_TEMPERATURES = (0.1, 2.0) if INTERPRETER else (0.1, 0.7, 1.0, 2.0)
+TOPK1_TEMPERATURES = (0.7,) if INTERPRETER else (0.1, 0.7, 1.0, 2.0)
 
 
 def tied_top_logits(dtype=torch.float32, unique=False):
@@ -249,7 +250,9 @@ def sample_rows(logits, device, temperature, seeds=SEEDS, **params):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("temperature", TOPK1_TEMPERATURES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16] if INTERPRETER else [torch.float32, torch.float16, torch.bfloat16]
+)
 def test_topk1_matches_greedy_on_tied_logits(device, temperature, dtype):
     """vLLM: top_k = 1 picks the argmax (the first tied index), as temperature 0.
     Ours keeps both tied tokens and samples between them; with a unique max it is
@@ -271,7 +274,7 @@ def test_topk1_in_mixed_batch_matches_temperature_zero(device):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("top_p", [0.9] if INTERPRETER else [0.5, 0.9, 0.99])
 def test_topk1_with_topp_still_matches_greedy(device, top_p):
     tokens = sample_rows(
         torch.cat([tied_top_logits(unique=True), tied_top_logits()]), device, 0.7, top_k=1, top_p=top_p
@@ -285,7 +288,7 @@ def test_pure_random_batch_with_topk1_row(device):
     """Every request sampled (no temperature-0 row), one with top_k = 1: that one
     is the argmax on every seed; the other (top-k off) is not always."""
     logits = tied_top_logits(unique=True).expand(2, -1)
-    tokens = sample_rows(logits, device, 0.7, seeds=SEEDS * 2, top_k=torch.tensor([32, 1]))
+    tokens = sample_rows(logits, device, 0.7, seeds=SEEDS, top_k=torch.tensor([32, 1]))
     assert (tokens[:, 1] == 1).all()
     assert len(set(tokens[:, 0].tolist())) > 1
 

@@ -12,9 +12,10 @@ min_p = 0, where vLLM passes None. Where vLLM's rule differs from ours, the port
 asserts ours and says so.
 
 Sizes: vLLM's batches of up to 1024 rows of 128k logits, cut to what the CPU lane
-runs in seconds; the interpreter lane (every kernel lane emulated in NumPy, about
-0.1 s per row of 40 logits) gets a few rows of a few dozen logits. Unmarked tests
-(large batches) run in the CPU and GPU lanes only.
+runs in seconds; the interpreter lane (every kernel lane emulated in NumPy, 0.1 to
+0.3 s per row of 40 logits) gets a few rows of a few dozen logits and fewer
+parameter values. Unmarked tests (the large batch, and cases the marked ones already
+take through the interpreter) run in the CPU and GPU lanes only.
 
 vLLM tests, by file (vllm-project/vllm, at the commit read):
 
@@ -103,7 +104,7 @@ from fixtures.vllm_ports import compare_results, cut_of, generator, kept_counts,
 
 INF = math.inf
 # vLLM: batches [1, 8, 32, 128, 512, 1024] x vocabularies [1024, 32000, 128256].
-BATCHES = (1, 3) if INTERPRETER else (1, 8, 32)
+BATCHES = (3,) if INTERPRETER else (1, 8, 32)
 VOCABS = (37,) if INTERPRETER else (1024, 8192)
 SMALL_VOCAB = 40 if INTERPRETER else 4096  # vLLM: 32000 / 128256 in the edge-case tests
 SMALL_BATCH = 2 if INTERPRETER else 16  # vLLM: 16 / 32
@@ -190,7 +191,6 @@ def test_extreme_k_values(device):
     compare_results(logits, device, top_k=torch.tensor([1, vocab, 2, vocab - 1] * batch)[:batch])
 
 
-@pytest.mark.kernel
 def test_extreme_p_values(device):
     batch, vocab = SMALL_BATCH, SMALL_VOCAB
     logits = torch.randn(batch, vocab, generator=generator(3))
@@ -230,12 +230,12 @@ def test_large_batch_int64_row_offset():
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("mode", ["topk_only", "topp_only", "topk_and_topp"])
+@pytest.mark.parametrize("mode", ["topk_and_topp"] if INTERPRETER else ["topk_only", "topp_only", "topk_and_topp"])
 def test_noncontiguous_logits_match_contiguous(device, mode):
     """Rows of a wider buffer (row stride V + pad) get the contiguous rows' cuts. The
     padding holds a logit larger than any row's (vLLM pads with -1000): a kernel
     reading past its row would move the max and the cut."""
-    batch, vocab, pad = (2, 40, 8) if INTERPRETER else (16, 4096, 8)
+    batch, vocab, pad = (2, 24, 8) if INTERPRETER else (16, 4096, 8)
     source = torch.linspace(10.0, -10.0, vocab)[None, :] + torch.arange(batch)[:, None] / 1000.0
     backing = torch.full((batch, vocab + pad), 1000.0, device=device)
     logits = backing[:, :vocab]
@@ -255,7 +255,8 @@ def test_noncontiguous_logits_match_contiguous(device, mode):
 # -inf logits (grammar / structured-output masks before sampling)
 
 
-NEGINF_ROWS = 3 if INTERPRETER else 32  # vLLM: 32 x 128256
+NEGINF_ROWS = 2 if INTERPRETER else 32  # vLLM: 32 x 128256
+INF_FRACTIONS = (0.9,) if INTERPRETER else (0.5, 0.9, 0.99)
 
 
 def masked_randn(batch, vocab, inf_fraction, gen):
@@ -270,7 +271,7 @@ def assert_kept_some(logits, cut):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("inf_fraction", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("inf_fraction", INF_FRACTIONS)
 def test_topk_with_neginf_logits(device, inf_fraction):
     gen = generator(6)
     logits = masked_randn(NEGINF_ROWS, SMALL_VOCAB, inf_fraction, gen)
@@ -283,7 +284,7 @@ def test_topk_with_neginf_logits(device, inf_fraction):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("inf_fraction", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("inf_fraction", INF_FRACTIONS)
 def test_topp_with_neginf_logits(device, inf_fraction):
     gen = generator(7)
     logits = masked_randn(NEGINF_ROWS, SMALL_VOCAB, inf_fraction, gen)
@@ -292,7 +293,7 @@ def test_topp_with_neginf_logits(device, inf_fraction):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("inf_fraction", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("inf_fraction", INF_FRACTIONS)
 def test_topk_topp_with_neginf_logits(device, inf_fraction):
     gen = generator(8)
     logits = masked_randn(NEGINF_ROWS, SMALL_VOCAB, inf_fraction, gen)
@@ -331,7 +332,7 @@ def test_few_valid_tokens_with_neginf(device):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("num_valid", [1, 2, 5] if INTERPRETER else [1, 2, 5, 10, 50])
+@pytest.mark.parametrize("num_valid", [5] if INTERPRETER else [1, 2, 5, 10, 50])
 @pytest.mark.parametrize("mode", ["topk_only", "topp_only", "topk_and_topp"])
 def test_equal_logits_few_valid(device, num_valid, mode):
     """A few tokens sharing one logit, the rest -inf. vLLM asserts that at least one
@@ -352,7 +353,7 @@ def test_equal_logits_few_valid(device, num_valid, mode):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("num_valid", [2, 5, 10])
+@pytest.mark.parametrize("num_valid", [5] if INTERPRETER else [2, 5, 10])
 def test_nearly_equal_logits_topp(device, num_valid):
     """A few tokens within 1e-6 of each other (a collapsed search range)."""
     gen = generator(12)
@@ -364,7 +365,6 @@ def test_nearly_equal_logits_topp(device, num_valid):
     assert (kept_counts(logits, cut) > 0).all()
 
 
-@pytest.mark.kernel
 def test_mixed_neginf_and_normal_rows(device):
     """Even rows 99% -inf, odd rows untouched, in one batch."""
     batch, vocab = NEGINF_ROWS, SMALL_VOCAB
@@ -383,7 +383,7 @@ def test_mixed_neginf_and_normal_rows(device):
 def test_mixed_batch_grammar_rows_get_topp(device):
     """Rows whose top-k is a no-op (fewer finite logits than k) still get their
     top-p: it trims them below what top-k alone keeps."""
-    vocab, finite, k = (40, 10, 12) if INTERPRETER else (8192, 30, 50)  # vLLM: V = 32000
+    vocab, finite, k = (24, 8, 10) if INTERPRETER else (8192, 30, 50)  # vLLM: V = 32000
     grammar, p_only, both = (1, 1, 1) if INTERPRETER else (3, 2, 3)
     gen = generator(14)
     logits = torch.full((grammar + p_only + both, vocab), -INF)
@@ -407,10 +407,10 @@ def test_topp_tie_break_deterministic(device):
     logits = torch.full((batch, vocab), -INF)
     logits[:, :tied] = 1.0
     logits[:, tied : 2 * tied] = 0.0
-    cuts = [cut_of(logits, device, top_p=0.5).cpu() for _ in range(3 if INTERPRETER else 5)]
+    cuts = [compare_results(logits, device, top_p=0.5).cpu()]
+    cuts += [cut_of(logits, device, top_p=0.5).cpu() for _ in range(1 if INTERPRETER else 4)]
     for cut in cuts[1:]:
         assert torch.equal(cut, cuts[0])
-    compare_results(logits, device, top_p=0.5)
     kept = torch.nonzero(masked_by(logits, cuts[0])[0] > -INF)[:, 0]
     assert torch.equal(kept, torch.arange(tied))
 
@@ -419,7 +419,9 @@ def test_topp_tie_break_deterministic(device):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("mode", ["top_k_only", "top_p_only", "top_k_top_p_combined"])
+@pytest.mark.parametrize(
+    "mode", ["top_k_top_p_combined"] if INTERPRETER else ["top_k_only", "top_p_only", "top_k_top_p_combined"]
+)
 def test_does_not_modify_original(device, mode):
     batch, vocab = (2, 32) if INTERPRETER else (8, 256)
     logits = torch.randn(batch, vocab, generator=generator(2)).to(device)
@@ -451,7 +453,6 @@ def test_top_p_at_least_one_finite(device):
     assert (kept_counts(logits, cut) >= 1).all()
 
 
-@pytest.mark.kernel
 def test_result_shape_preserved(device):
     """One fp32 cut per row; masking with it keeps the logits' shape."""
     logits = torch.randn(3, 40, generator=generator(5))
