@@ -218,6 +218,9 @@ def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0,
     bits = noise_bits_torch(key[:, None], token)
     keys = truncate_logits(logits, temperature, logit_cut) * gumbel_gain_torch(temperature)[:, None]
     keys = torch.where((temperature <= 0)[:, None], keys, keys + gumbel2_torch(bits))
+    # NaN keys never win, as in the kernels' argmax (ops/common/scan.py): torch.argmax
+    # takes NaN for the max, and a NaN logit is never among the tokens a cut keeps.
+    keys = torch.where(torch.isnan(keys), float("-inf"), keys)
     return keys.argmax(-1).to(torch.int32)
 
 
