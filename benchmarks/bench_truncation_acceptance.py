@@ -13,8 +13,10 @@ setting drafts greedily (the demo's own drafts: the draft's argmax is always ins
 the truncation, so there the two coincide), for reference.
 
 Requests: the demo's prompts, each decoded under --seeds seeds (request seed
-SEED_BASE + 1000 * s + prompt index, the same for every row), all in one batch of
-prompts x seeds requests, --max-new-tokens each. A seed's acceptance length is its
+SEED_BASE + 1000 * s + prompt index, the same for every row), --max-new-tokens
+each, in batches of --batch-seeds seeds (prompts x batch-seeds requests; a
+request's tokens do not depend on its batch: its noise is keyed by its seed and
+positions). A seed's acceptance length is its
 requests' tokens per request pass (bonus included, as the demo reports it: 1 +
 accepted drafts / request passes over the seed's requests). Reported per row: the
 mean over seeds and its standard error, and for drafting inside the paired
@@ -72,18 +74,19 @@ def make_decoder(target, head, drafts: str, num_reqs: int, max_model_len: int, c
     return SpeculativeDecoder(target, EagleProposer(head, config, caches), compile=compile)
 
 
-def sampling_for(setting: dict, num_prompts: int, num_seeds: int) -> SamplingParams:
-    """Request s * num_prompts + i: prompt i under seed s."""
-    num = num_prompts * num_seeds
-    seeds = torch.tensor([SEED_BASE + 1000 * s + i for s in range(num_seeds) for i in range(num_prompts)])
+def sampling_for(setting: dict, num_prompts: int, seeds: range) -> SamplingParams:
+    """Request j * num_prompts + i: prompt i under the j-th of `seeds`."""
+    num = num_prompts * len(seeds)
+    seeds = torch.tensor([SEED_BASE + 1000 * s + i for s in seeds for i in range(num_prompts)])
     return SamplingParams(torch.full((num,), TEMPERATURE), seeds, top_k=torch.full((num,), setting["top_k"]),
                           top_p=torch.full((num,), setting["top_p"]))  # fmt: skip
 
 
-def per_seed_lengths(stats, num_prompts: int, num_seeds: int) -> list[float]:
-    """Each seed's acceptance length: 1 + its requests' accepted drafts / request passes."""
-    accepted = stats.accepted_per_request.view(num_seeds, num_prompts).sum(1).double()
-    passes = stats.request_passes.view(num_seeds, num_prompts).sum(1).double()
+def per_seed_lengths(parts: list, num_prompts: int) -> list[float]:
+    """Each seed's acceptance length over the batches' stats: 1 + its requests'
+    accepted drafts / request passes."""
+    accepted = torch.cat([stats.accepted_per_request for stats in parts]).view(-1, num_prompts).sum(1).double()
+    passes = torch.cat([stats.request_passes for stats in parts]).view(-1, num_prompts).sum(1).double()
     return (1 + accepted / passes).tolist()
 
 
@@ -104,27 +107,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seeds", type=int, default=96, help="seeds per prompt (default 96)")
+    parser.add_argument("--batch-seeds", type=int, default=16, help="seeds per batch (default 16: 96 requests; "
+                        "must divide --seeds)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="per request (default 64; the demo's: 160)")
-    parser.add_argument("--drafts", nargs="+", choices=DRAFTS, default=list(DRAFTS[:2]),
-                        help="the rows per setting (default: inside outside; greedy adds the demo's greedy drafts)")  # fmt: skip
+    parser.add_argument("--drafts", nargs="+", choices=DRAFTS, default=list(DRAFTS[:2]), help="the rows per "
+                        "setting (default: inside outside; greedy adds the demo's greedy drafts)")  # fmt: skip
     parser.add_argument("--eager", action="store_true", help="do not compile the iterations")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    parser.add_argument("--smoke", action="store_true", help="2 seeds x 16 tokens, eager, nothing recorded: checks "
-                        "the script")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="2 seeds (2 batches) x 16 tokens, eager, nothing "
+                        "recorded: checks the script")  # fmt: skip
     args = parser.parse_args(argv)
     if args.seeds < 2 or args.max_new_tokens < 2:
         parser.error("--seeds and --max-new-tokens must be >= 2")
-    seeds, max_new = (2, 16) if args.smoke else (args.seeds, args.max_new_tokens)
+    if args.batch_seeds < 1 or args.seeds % args.batch_seeds:
+        parser.error(f"--batch-seeds must divide --seeds ({args.seeds}), got {args.batch_seeds}")
+    seeds, max_new, per_batch = (2, 16, 1) if args.smoke else (args.seeds, args.max_new_tokens, args.batch_seeds)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     compile = compile_options(device.type, not (args.eager or args.smoke))
     prompts = encode(PROMPTS)
-    num_reqs = len(prompts) * seeds
+    num_reqs = len(prompts) * per_batch
     max_model_len = max(len(p) for p in prompts) + max_new + DEFAULT_K + 1
     target, head = load_demo_pair(device=device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name} (torch {torch.__version__}); demo pair, EAGLE-3 chain K = {DEFAULT_K}; {len(prompts)} prompts x "
-          f"{seeds} seeds = {num_reqs} requests in one batch, {max_new} new tokens each; "
+          f"{seeds} seeds, in batches of {num_reqs} requests, {max_new} new tokens each; "
           f"{'compiled' if compile else 'eager'}\n")  # fmt: skip
     headers = ["sampling", "drafts", "acceptance length (mean over seeds)", "SE", "inside - outside (paired)", "SE",
                "request passes", "seconds"]  # fmt: skip
@@ -135,28 +142,30 @@ def main(argv=None) -> int:
     for drafts in drafts_run:  # one decoder per kind of drafts: the settings' values are tensors, one graph serves both
         decoder = make_decoder(target, head, drafts, num_reqs, max_model_len, compile)
         t0 = time.perf_counter()  # compile (or warm up) the iteration: max_new_tokens changes no shape
-        decoder.generate(prompts * seeds, max_new_tokens=2, sampling=sampling_for(SETTINGS[0], len(prompts), seeds))
+        first = range(per_batch)
+        decoder.generate(prompts * per_batch, max_new_tokens=2, sampling=sampling_for(SETTINGS[0], len(prompts), first))
         log(f"{drafts}: {'compile' if compile else 'warm-up'} {time.perf_counter() - t0:.0f} s")
         for setting in SETTINGS:
-            t0 = time.perf_counter()
-            result = decoder.generate(prompts * seeds, max_new_tokens=max_new,
-                                      sampling=sampling_for(setting, len(prompts), seeds))  # fmt: skip
-            results[label(setting), drafts] = (result.stats, time.perf_counter() - t0)
+            t0, parts = time.perf_counter(), []
+            for begin in range(0, seeds, per_batch):
+                sampling = sampling_for(setting, len(prompts), range(begin, begin + per_batch))
+                parts.append(decoder.generate(prompts * per_batch, max_new_tokens=max_new, sampling=sampling).stats)
+            results[label(setting), drafts] = (parts, time.perf_counter() - t0)
             log(f"{label(setting)}, {drafts}: {time.perf_counter() - start:.0f} s")
     rows = []
     for setting in SETTINGS:
-        lengths = {d: per_seed_lengths(results[label(setting), d][0], len(prompts), seeds) for d in drafts_run}
+        lengths = {d: per_seed_lengths(results[label(setting), d][0], len(prompts)) for d in drafts_run}
         for drafts in drafts_run:
-            stats, seconds = results[label(setting), drafts]
+            parts, seconds = results[label(setting), drafts]
             mean, se = mean_and_se(lengths[drafts])
             metrics = {"acceptance_length": mean, "acceptance_length_se": se}
             if drafts == "inside" and "outside" in lengths:
                 paired = [a - b for a, b in zip(lengths["inside"], lengths["outside"], strict=True)]
                 metrics["inside_minus_outside"], metrics["inside_minus_outside_se"] = mean_and_se(paired)
-            metrics.update(per_seed_acceptance_length=lengths[drafts], request_passes=int(stats.request_passes.sum()),
-                           seconds=seconds)  # fmt: skip
+            passes = sum(int(stats.request_passes.sum()) for stats in parts)
+            metrics.update(per_seed_acceptance_length=lengths[drafts], request_passes=passes, seconds=seconds)
             rows.append({"config": {**setting, "temperature": TEMPERATURE, "drafts": drafts, "K": DEFAULT_K,
-                                    "prompts": len(prompts), "seeds": seeds, "max_new_tokens": max_new,
+                                    "prompts": len(prompts), "seeds": seeds, "batch": num_reqs, "max_new_tokens": max_new,
                                     "compiled": bool(compile)}, "metrics": metrics})  # fmt: skip
             diff, diff_se = metrics.get("inside_minus_outside"), metrics.get("inside_minus_outside_se")
             cells = [label(setting), drafts, f"{mean:.4f}", f"{se:.4f}", "" if diff is None else f"{diff:+.4f}",
