@@ -164,12 +164,13 @@ def main(argv=None) -> int:
                 metrics["inside_minus_outside"], metrics["inside_minus_outside_se"] = mean_and_se(paired)
             passes = sum(int(stats.request_passes.sum()) for stats in parts)
             metrics.update(per_seed_acceptance_length=lengths[drafts], request_passes=passes, seconds=seconds)
-            rows.append({"config": {**setting, "temperature": TEMPERATURE, "drafts": drafts, "K": DEFAULT_K,
-                                    "prompts": len(prompts), "seeds": seeds, "batch": num_reqs, "max_new_tokens": max_new,
-                                    "compiled": bool(compile)}, "metrics": metrics})  # fmt: skip
+            config = {**setting, "temperature": TEMPERATURE, "drafts": drafts, "K": DEFAULT_K,
+                      "prompts": len(prompts), "seeds": seeds, "batch": num_reqs, "max_new_tokens": max_new,
+                      "compiled": bool(compile)}  # fmt: skip
+            rows.append({"config": config, "metrics": metrics})
             diff, diff_se = metrics.get("inside_minus_outside"), metrics.get("inside_minus_outside_se")
-            cells = [label(setting), drafts, f"{mean:.4f}", f"{se:.4f}", "" if diff is None else f"{diff:+.4f}",
-                     "" if diff_se is None else f"{diff_se:.4f}", metrics["request_passes"], f"{seconds:.1f}"]  # fmt: skip
+            difference = ["", ""] if diff is None else [f"{diff:+.4f}", f"{diff_se:.4f}"]
+            cells = [label(setting), drafts, f"{mean:.4f}", f"{se:.4f}", *difference, passes, f"{seconds:.1f}"]
             print("| " + " | ".join(str(c) for c in cells) + " |")
     print()
     for setting in SETTINGS:
