@@ -35,6 +35,7 @@ GOOD = [
     {"salt": 0},
     {"salt": 12345},
     {"salt": 2**31 - 1},
+    {"draft_truncation": False},
 ]
 
 # (field the error must name, the bad fields)
@@ -106,6 +107,7 @@ def test_defaults():
         None,
     )
     assert (config.parallel_drafting, config.parallel_drafting_token_id, config.salt) == (False, None, 0)
+    assert config.draft_truncation is True  # drafts sampled inside a request's top-k / top-p / min-p
 
 
 # ------------------------------------------------------ types and signs
@@ -114,6 +116,8 @@ TYPE_CASES = [
     pytest.param("salt", {"salt": True}, id="salt=True (a bool is an int)"),
     pytest.param("parallel_drafting", {"parallel_drafting": "yes", "parallel_drafting_token_id": 0}, id="flag=str"),
     pytest.param("parallel_drafting", {"parallel_drafting": 1, "parallel_drafting_token_id": 0}, id="flag=1"),
+    pytest.param("draft_truncation", {"draft_truncation": 0}, id="draft_truncation=0"),
+    pytest.param("draft_truncation", {"draft_truncation": "yes"}, id="draft_truncation=str"),
     pytest.param(
         "parallel_drafting_token_id", {"parallel_drafting": True, "parallel_drafting_token_id": -1}, id="token=-1"
     ),

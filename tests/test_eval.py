@@ -1,9 +1,11 @@
 """`python -m specdraft.eval`: on shards the shipped target wrote, the numbers it
 reports are a plain loop's over the head's drafts (greedy drafts from the eager
 unroll, whose equality with propose is tests/training/test_unroll_propose.py) and
-the target's argmax; --plot writes a PNG, --json the metrics; bad input exits 2
-with one line naming what is wrong (the option, or the file), checked before the
-evaluation; a compiled step announces its one-time compile on stderr."""
+the target's argmax, and at a temperature with --top-k / --top-p / --min-p the
+plain loop's Σ min(p~, q~) over truncated rows; --plot writes a PNG, --json the
+metrics; bad input exits 2 with one line naming what is wrong (the option, or the
+file), checked before the evaluation; a compiled step announces its one-time
+compile on stderr."""
 
 import importlib
 import json
@@ -18,6 +20,8 @@ from specdraft.assets import DEMO_PAIR, load_demo_pair
 from specdraft.eval import main
 from specdraft.models import default_aux_layers
 from specdraft.training import capture_target_outputs, save_batch, unroll_for_eval
+
+import specs.vocab_metrics as spec
 
 K = 3
 LENGTHS = ((40, 9), (23, 31, 4))  # two shards; a 4-byte sequence has no full start
@@ -97,6 +101,32 @@ def test_reports_the_plain_loops_numbers(data, tmp_path, capsys):
         assert f"{k + 1:>4}  {count[k]:>9}  {matches[k] / count[k]:>10.4f}" in out
 
 
+def test_truncation_flags_give_the_plain_loops_acceptance(data, tmp_path, capsys):
+    """--temperature 0.7 --top-k 20 --top-p 0.9: the per-step Σ min(p~, q~) is the plain
+    loop's (specs.truncation's cut of each draft and target row, then Σ min) over the
+    eager unroll's logits; the header and the expected line name the setting."""
+    folder, head, batches = data
+    record = tmp_path / "metrics.json"
+    flags = ["--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--json", str(record)]
+    assert main(["demo", str(folder), "--steps", str(K), "--eager", "--no-progress", *flags]) == 0
+    accept, margins = [0.0] * K, []
+    for batch, lengths in batches:
+        with torch.no_grad():
+            logits = unroll_for_eval(head, *batch.unroll_args(), num_steps=K).logits
+        n = batch.num_tokens
+        sums = spec.draft_metric_sums([[row.tolist() for row in logits[k].double()] for k in range(K)],
+                                      [row.tolist() for row in batch.target_logits.double()], [True] * n, [0.7] * n,
+                                      list(lengths), None, False, [(20, 0.9, 0.0)] * n, margins)  # fmt: skip
+        accept = [a + b for a, b in zip(accept, sums["accept"], strict=True)]
+    assert min(margins) > 1e-4, min(margins)  # no top-p decision within float rounding of its boundary
+    got = json.loads(record.read_text())
+    assert got["sums"]["accept"] == pytest.approx(accept, rel=1e-5)
+    assert got["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.0}
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("tokens=draft, temperature 0.7, top-k 20, top-p 0.9")
+    assert "expected at temperature 0.7, top-k 20, top-p 0.9 (Σ min(p,q))" in out
+
+
 def test_a_head_folder_without_embedding_needs_the_target(data, tmp_path, capsys):
     folder, _, _ = data
     head_folder = str(DEMO_PAIR / "eagle3")
@@ -160,6 +190,12 @@ def test_data_that_is_not_safetensors_exits_2(tmp_path, capsys):
     [
         (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
         (["--temperature", "nan"], "--temperature must be >= 0"),
+        (["--top-p", "0"], "--top-p must be in (0, 1] (1: off), got 0.0"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1] (1: off), got 1.5"),
+        (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+        (["--min-p", "-0.1"], "--min-p must be in [0, 1] (0: off), got -0.1"),
+        (["--min-p", "nan"], "--min-p must be in [0, 1]"),
+        (["--top-k", "2.5"], "argument --top-k: invalid int value: '2.5'"),
         (["--method", "mtp"], '--method mtp: HEAD "demo" is the shipped EAGLE-3 head'),
         (["--method", "eagle"], '--method eagle: HEAD "demo"'),
     ],

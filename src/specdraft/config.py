@@ -36,6 +36,12 @@ class SpeculativeConfig:
         / T) inside the request's truncation; T = 1 for greedy rows), its probability
         of its own token when it drafts greedily: the survival estimate budgeted
         verification ranks positions by.
+    draft_truncation: with a request's top-k / top-p / min-p (SamplingParams),
+        sample the drafts inside that truncation, from the draft's distribution
+        truncated by the same parameters and renormalised (default True), or
+        outside it, from the untruncated distribution (False: vLLM's choice, for
+        comparison). Either way verification truncates the target, so the output
+        stays lossless; drafting inside is accepted more often.
     """
 
     method: str = "eagle"
@@ -48,6 +54,7 @@ class SpeculativeConfig:
     parallel_drafting_token_id: int | None = None
     salt: int = 0
     return_draft_confidence: bool = False
+    draft_truncation: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -69,8 +76,9 @@ class SpeculativeConfig:
             raise ValueError(f"parallel_drafting_token_id must be a non-negative int, got {token!r}")
         if isinstance(self.salt, bool) or not isinstance(self.salt, int) or not 0 <= self.salt < 2**31:
             raise ValueError(f"salt must be an int in [0, 2**31), got {self.salt!r}")
-        if not isinstance(self.return_draft_confidence, bool):
-            raise ValueError(f"return_draft_confidence must be a bool, got {self.return_draft_confidence!r}")
+        for name in ("return_draft_confidence", "draft_truncation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclass

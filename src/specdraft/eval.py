@@ -1,7 +1,9 @@
 """`python -m specdraft.eval HEAD DATA` (or `specdraft eval`): evaluate a draft head on
 saved target outputs (shards from `python -m specdraft.capture` or
 `specdraft.training.save_batch`) and print its per-step table; --plot writes a PNG of
-acceptance per step.
+acceptance per step. --temperature (default 0: greedy) with a request's --top-k,
+--top-p and --min-p: the expected acceptance Σ min(p, q) of the target's and the
+draft's distributions, both truncated (the draft sampling inside the truncation).
 
     python -m specdraft.capture demo data/                     # the shipped target's outputs
     python -m specdraft.eval demo data/ --steps 3 --plot acceptance.png
@@ -56,6 +58,10 @@ def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentPar
     parser.add_argument("--steps", type=int, help="draft steps K per start (default 3; a block drafter: its "
                         "block_size)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="for Σ min(p, q), >= 0 (default 0: greedy)")
+    parser.add_argument("--top-k", type=int, default=0, help="a request's top-k for Σ min(p, q): both distributions "
+                        "truncated, the draft sampled inside (default 0: off; ignored when greedy)")  # fmt: skip
+    parser.add_argument("--top-p", type=float, default=1.0, help="a request's top-p, in (0, 1] (default 1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="a request's min-p, in [0, 1] (default 0: off)")
     parser.add_argument("--tokens", choices=("draft", "data"), default="draft",
                         help="feed the head's own drafts (as served; default) or the data (teacher forcing)")  # fmt: skip
     parser.add_argument("--method", choices=("eagle", "eagle3", "mtp"),
@@ -86,6 +92,10 @@ def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Na
     check_threads(parser, args)
     if not args.temperature >= 0:  # NaN too
         parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0.0 < args.top_p <= 1.0:  # NaN too
+        parser.error(f"--top-p must be in (0, 1] (1: off), got {args.top_p}")
+    if not 0.0 <= args.min_p <= 1.0:
+        parser.error(f"--min-p must be in [0, 1] (0: off), got {args.min_p}")
     if args.head == "demo" and args.method not in (None, "eagle3"):
         parser.error(f'--method {args.method}: HEAD "demo" is the shipped EAGLE-3 head (--method eagle3 or none)')
     return args
@@ -225,6 +235,21 @@ def after_first(timing: dict) -> str:
     return f"; after it: {timing['after_first_tokens'] / timing['after_first_s']:.0f} tokens/s"
 
 
+def truncation(args: argparse.Namespace) -> dict:
+    """--top-k, --top-p, --min-p as DraftEvaluator's keywords."""
+    return {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+
+
+def sampling_note(args: argparse.Namespace) -> str:
+    """The header's sampling: nothing when greedy without truncation."""
+    from specdraft.training.report import sampling_label
+
+    truncated = args.top_k > 0 or args.top_p < 1 or args.min_p > 0
+    if args.temperature > 0:
+        return f", {sampling_label(args.temperature, **truncation(args))}"
+    return ", greedy (--top-k / --top-p / --min-p ignored)" if truncated else ""
+
+
 def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     from specdraft.training.distributed import all_ranks_or_none, all_reduce_timing, shard_tokens, share_shards
     from specdraft.training.evaluate import DraftEvaluator, evaluate
@@ -245,8 +270,8 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
         if args.steps is None:
             check_steps(steps, paths)
         check_shards(paths, head)
-        evaluator = DraftEvaluator(head, num_steps=steps, temperature=args.temperature, tokens=args.tokens,
-                                   divergence=args.divergence, compile=not args.eager)  # fmt: skip
+        evaluator = DraftEvaluator(head, num_steps=steps, temperature=args.temperature, **truncation(args),
+                                   tokens=args.tokens, divergence=args.divergence, compile=not args.eager)  # fmt: skip
     progress = ranks.is_main and not args.no_progress
     if not args.eager and progress:
         evaluator.step = announce_first_call(evaluator.step, "the evaluation step", device)
@@ -262,17 +287,20 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     metrics = finalize(sums)
     on = f", {ranks.world_size} ranks" if ranks.distributed else ""
     print(f"{args.head} on {args.data}: {len(paths)} shards, {timing['tokens']} tokens, K = {steps}, "
-          f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}{on}")  # fmt: skip
-    print(format_table(metrics, sums, args.temperature))
+          f"{'compiled' if not args.eager else 'eager'}, {evaluator.loop} loop, tokens={args.tokens}{on}"
+          f"{sampling_note(args)}")  # fmt: skip
+    print(format_table(metrics, sums, args.temperature, **truncation(args)))
     if evaluator.loop == "block":
         print(deepspec_line(metrics))
     print(f"{timing['tokens_per_s']:.0f} tokens/s over {timing['seconds']:.1f} s "
           f"(the first shard, compile included: {timing['first_batch_s']:.1f} s{after_first(timing)})")  # fmt: skip
     if args.plot is not None:
-        print(f"wrote {plot_acceptance(metrics, args.plot, f'{args.head}, K = {steps}', args.temperature)}")
+        title = f"{args.head}, K = {steps}"
+        print(f"wrote {plot_acceptance(metrics, args.plot, title, args.temperature, **truncation(args))}")
     if args.json is not None:
         record = {name: value.tolist() for name, value in metrics._asdict().items()}
-        record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing}
+        record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing,
+                   "sampling": {"temperature": args.temperature, **truncation(args)}}  # fmt: skip
         if evaluator.loop == "block":
             record["deepspec_acceptance_length"] = float(metrics.acceptance_length) + 1
         args.json.write_text(json.dumps(record, indent=1))

@@ -5,17 +5,20 @@ the exact joint of the truncated target (specs.generate.sequence_distribution wi
 specs.truncation's plain-Python rule), by a chi-square test, as
 tests/generation/test_sampling.py does untruncated: plain decoding, EAGLE with
 probabilistic drafts drawn inside the truncation, greedy drafts, a DFlash block, a
-budget cutting through the drafts, a draft tree. A verifier that truncates only the drafts (the
-target untruncated) fails the same test by far."""
+budget cutting through the drafts, a draft tree, EAGLE drafting outside the
+truncation (SpeculativeConfig.draft_truncation=False). A verifier that truncates
+only the drafts (the target untruncated) fails the same test by far."""
 
 import pytest
 import torch
 
 import specdraft.generation.verify as verify_module
+import specdraft.proposers.loop as loop_module
 from specdraft.config import SamplingParams
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, generate_plain
 from specdraft.tree_shape import TreeShape
 
+import specs.truncation as truncation_spec
 from specs.generate import chi_square_pvalue, sequence_distribution
 
 VOCAB = 8
@@ -86,6 +89,48 @@ def test_plain_sampling_is_truncated(build, setup):
 )
 def test_speculative_sampling_is_truncated(build, setup, kind, k, budget, config):
     result, p = speculative(build, setup, kind, k, budget, **config)
+    assert min(p) > 1e-3, p
+    assert result.stats.accepted_per_position[0] > 0.05 * result.stats.request_passes.sum()
+
+
+def drafts_outside_the_truncation(build, setup, monkeypatch, **config) -> tuple[int, int]:
+    """Run the EAGLE case with draft_sample recorded: (drafted tokens that lie outside
+    their row's truncation by specs.truncation's plain-Python cut of the draft's own
+    logits, drafts checked). A row's group is told by its temperature. Rows with a
+    top-p decision within rounding of its boundary are not checked."""
+    drafts = []
+
+    def recording(logits, temperature, *args, **kwargs):
+        tokens = real(logits, temperature, *args, **kwargs)
+        drafts.append((logits.float().clone(), temperature.clone(), tokens.clone()))
+        return tokens
+
+    real = loop_module.draft_sample
+    monkeypatch.setattr(loop_module, "draft_sample", recording)
+    result, p = speculative(build, setup, "eagle", 2, None, **PROBABILISTIC, **config)
+    monkeypatch.undo()
+    truncation_of = {t: truncation for _, t, truncation in GROUPS}
+    outside = checked = 0
+    for logits, temperature, tokens in drafts:
+        for row, t, token in zip(logits.tolist(), temperature.tolist(), tokens.tolist(), strict=True):
+            t = min(truncation_of, key=lambda group: abs(group - t))  # fp32 0.8 is not 0.8
+            cut, margin = truncation_spec.truncation_cut(row, t, *truncation_of[t])
+            if margin > 1e-4:
+                checked += 1
+                outside += row[token] < cut
+    assert checked > 0.9 * sum(tokens.numel() for *_, tokens in drafts)
+    return result, p, outside, checked
+
+
+def test_drafting_outside_the_truncation_stays_lossless(build, setup, monkeypatch):
+    """SpeculativeConfig(draft_truncation=False), vLLM's way: the drafts are sampled
+    from the untruncated draft distribution, so many lie outside the request's
+    truncation (where the default never drafts, same seeds), and verify still
+    truncates the target: the emitted tokens follow the truncated target's joint."""
+    _, _, inside_outside, inside_checked = drafts_outside_the_truncation(build, setup, monkeypatch)
+    assert inside_outside == 0 and inside_checked > 1000
+    result, p, outside, checked = drafts_outside_the_truncation(build, setup, monkeypatch, draft_truncation=False)
+    assert outside > 0.05 * checked, (outside, checked)
     assert min(p) > 1e-3, p
     assert result.stats.accepted_per_position[0] > 0.05 * result.stats.request_passes.sum()
 

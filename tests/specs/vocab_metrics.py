@@ -1,8 +1,10 @@
 """Plain-Python oracles for ops.vocab_metrics (one row at a time, float64: explicit
 softmax, min, sum) and for training.draft_metrics (loops over sequences, starts and
-steps)."""
+steps, with a request's truncation by specs.truncation's rule)."""
 
 import math
+
+import specs.truncation as truncation_spec
 
 INF = math.inf
 
@@ -75,12 +77,24 @@ def row_metrics(draft_row, target_row, temperature: float, d2t=None, target_is_p
     }
 
 
-def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None, target_is_probs=False) -> dict:
+def truncated(row: list[float], temperature: float, truncation, probs: bool = False):
+    """(row with the entries below specs.truncation's cut removed: -inf logits, 0
+    probabilities (cut on their log), the cut's top-p margin)."""
+    keys = [(math.log(x) if x > 0 else -INF) for x in row] if probs else row
+    cut, margin = truncation_spec.truncation_cut(keys, temperature, *truncation)
+    return [x if key >= cut else (0.0 if probs else -INF) for x, key in zip(row, keys, strict=True)], margin
+
+
+def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None, target_is_probs=False,
+                      truncations=None, margins=None) -> dict:  # fmt: skip
     """training.draft_metrics from its definition. draft[k][t], target[j]: lists of
     floats; loss_mask[j]: bool per target row; temperatures[t] per start; seq_lens:
     the packed sequences' lengths. Step k from start t is scored when row t + k + 1
     is in t's sequence and loss_mask[t + k + 1]; a full start has all K scored; its
-    acceptance length is its number of leading greedy matches."""
+    acceptance length is its number of leading greedy matches. truncations[t]: start
+    t's (top_k, top_p, min_p), or None: accept is then sum min(p~, q~) of the draft
+    row and the target row each truncated (`truncated`), the rest untruncated; each
+    truncation's top-p margin is appended to `margins` when given."""
     num_steps = len(draft)
     sums = {
         name: [0.0] * num_steps for name in ("count", "matches", "accept", "accepted_prefix", "cross_entropy", "kl")
@@ -98,6 +112,14 @@ def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None
                     matched.append(None)
                     continue
                 m = row_metrics(draft[k][t], target[row], temperatures[t], d2t, target_is_probs)
+                if truncations is not None:
+                    draft_row, draft_margin = truncated(draft[k][t], temperatures[t], truncations[t])
+                    target_row, target_margin = truncated(target[row], temperatures[t], truncations[t],
+                                                          target_is_probs)  # fmt: skip
+                    cut = row_metrics(draft_row, target_row, temperatures[t], d2t, target_is_probs)
+                    m["accept"] = cut["accept"]
+                    if margins is not None:
+                        margins += [draft_margin, target_margin]
                 match = m["draft_token"] == m["target_token"]
                 matched.append(match)
                 sums["count"][k] += 1

@@ -5,6 +5,9 @@
   autograd state with grad mode on.
 - Sums are exact across batches: evaluating shards one by one, or split into groups
   of whole sequences, gives the sums of evaluating their union at once.
+- With a request's top-k / top-p / min-p, Σ min(p~, q~) per step is a plain loop's
+  over the unroll's logits (specs.truncation's sort-based cut of each draft and
+  target row, then Σ min), eager and compiled.
 - The evaluator picks the head's proposer loop and refuses bad arguments by name.
 """
 
@@ -24,6 +27,7 @@ from specdraft.training import (
     unroll_for_eval,
 )
 
+import specs.vocab_metrics as spec
 from fixtures.unroll_batches import head_for, make_packed
 
 COUNTS = ("count", "matches", "accepted_prefix", "starts")  # integer-valued sums: exact in any order
@@ -106,6 +110,11 @@ def test_loop_choice_and_bad_arguments():
         (dict(loop="tree"), "loop must be one of"),
         (dict(tokens="sampled"), "tokens must be one of"),
         (dict(compile="yes"), "compile must be a bool or a dict"),
+        (dict(top_k=0.5), "top_k must be an int"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
+        (dict(min_p=float("nan")), r"min_p must be in \[0, 1\]"),
     ]:
         with pytest.raises(ValueError, match=message):
             DraftEvaluator(eagle3, **{"num_steps": 2, "compile": False, **kwargs})
@@ -119,3 +128,31 @@ def test_hidden_states_of_the_wrong_width_are_named():
     narrow = batch._replace(hidden_states=batch.hidden_states[:, : width // 3])
     with pytest.raises(ValueError, match=rf"hidden_states must have shape \(7, {width}\)"):
         DraftEvaluator(head, num_steps=2, compile=False)(narrow)
+
+
+def test_truncated_acceptance_is_the_plain_loops(demo_batches):
+    """The shipped pair at T = 0.7 with top-k 20 and top-p 0.9 (and min-p 0.05 beside
+    them), eager and compiled: the counts and matches are the untruncated ones, and
+    Σ min(p~, q~) per step is the plain loop's over the eager unroll's logits."""
+    head, whole, _ = demo_batches
+    truncation = {"top_k": 20, "top_p": 0.9, "min_p": 0.05}
+    with torch.no_grad():
+        logits = unroll_for_eval(head, *whole.unroll_args(), num_steps=3).logits
+        untruncated = draft_metrics(logits, whole.target_logits, None, 0.7, cu_seqlens=whole.cu_seqlens)
+    seq_lens = whole.cu_seqlens.diff().tolist()
+    margins = []
+    want = spec.draft_metric_sums([[row.tolist() for row in logits[k].double()] for k in range(3)],
+                                  [row.tolist() for row in whole.target_logits.double()], [True] * whole.num_tokens,
+                                  [0.7] * whole.num_tokens, seq_lens, None, False,
+                                  [tuple(truncation.values())] * whole.num_tokens, margins)  # fmt: skip
+    assert min(margins) > 1e-4, min(margins)  # no top-p decision within float rounding of its boundary
+    for compile in (False, {"backend": "aot_eager"}):
+        torch._dynamo.reset()
+        evaluator = DraftEvaluator(head, num_steps=3, temperature=0.7, **truncation, compile=compile)
+        with CompileCounts.measure() as counts:
+            got = evaluator(whole)
+        assert counts.graph_breaks == 0
+        for name in COUNTS:
+            assert torch.equal(getattr(got, name), getattr(untruncated, name)), name
+        torch.testing.assert_close(got.accept, torch.tensor(want["accept"], dtype=torch.float64), rtol=1e-5, atol=1e-4)
+        assert (got.accept - untruncated.accept).abs().max() > 1.0  # the truncation changed the sums

@@ -228,3 +228,107 @@ def test_one_graph_from_a_single_sequence_on(device):
             for a, b in zip(compiled(*args), evaluate(*args), strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert counts.graph_breaks == 0 and counts.compiles == 1
+
+
+# (top_k, top_p, min_p) of the truncation tests: each rule alone, and all three
+TRUNCATIONS = [(3, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.25), (5, 0.85, 0.05)]
+
+
+def truncation_case(seed, per_start: bool, probs: bool = False, seq_lens=(6, 9, 4)):
+    """A packed batch with a map (V = 13, Vd = 9) and its sampling: one temperature
+    and TRUNCATIONS[seed % 4] for every start, or per start (greedy, 0.6, 1.3 in turn,
+    each start one of TRUNCATIONS) as [T] tensors. Returns (args, kwargs of
+    draft_metrics, the spec's sums, the spec's untruncated sums, the top-p margins)."""
+    seq_lens = list(seq_lens)
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(seed, 3, seq_lens, 13, 9, use_map=True, agree=0.4)
+    if probs:
+        target = torch.softmax(target, -1)
+    total = draft.shape[1]
+    if per_start:
+        temps = [(0.0, 0.6, 1.3)[t % 3] for t in range(total)]
+        truncations = [TRUNCATIONS[(t // 3 + seed) % 4] for t in range(total)]
+        temperature = torch.tensor(temps)
+        columns = list(zip(*truncations, strict=True))
+        kwargs = dict(top_k=torch.tensor(columns[0]), top_p=torch.tensor(columns[1]), min_p=torch.tensor(columns[2]))
+    else:
+        temps, truncations = [0.8] * total, [TRUNCATIONS[seed % 4]] * total
+        temperature = 0.8
+        kwargs = dict(zip(("top_k", "top_p", "min_p"), TRUNCATIONS[seed % 4], strict=True))
+    margins = []
+    want = spec.draft_metric_sums([[row.tolist() for row in draft[k].double()] for k in range(3)],
+                                  [row.tolist() for row in target.double()], loss_mask.tolist(), temps, seq_lens,
+                                  d2t.tolist(), probs, truncations, margins)  # fmt: skip
+    untruncated = spec_sums(draft, target, loss_mask, temps, seq_lens, d2t, probs)
+    args = (draft, target, loss_mask, temperature)
+    return args, dict(kwargs, d2t=d2t, cu_seqlens=cu_seqlens, target_is_probs=probs), want, untruncated, margins
+
+
+def assert_truncated_sums(sums, want, untruncated, divergence):
+    for name in EXACT_FIELDS:
+        assert getattr(sums, name).tolist() == want[name], name
+    assert_float_close(sums.accept, want["accept"])
+    if divergence:  # the head's fit to the whole target: untruncated
+        assert_float_close(sums.cross_entropy, untruncated["cross_entropy"])
+        assert_float_close(sums.kl, untruncated["kl"])
+    # The truncation changed Σ min(p, q): the comparison has power.
+    assert max(abs(a - b) for a, b in zip(want["accept"], untruncated["accept"], strict=True)) > 0.05
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize(
+    ("seed", "per_start", "probs", "divergence"),
+    [(0, False, False, False), (1, False, True, True), (2, False, False, True), (3, False, False, False),
+     (4, True, False, True), (5, True, True, False)],
+)  # fmt: skip
+def test_truncated_acceptance_matches_the_spec(device, seed, per_start, probs, divergence):
+    """Σ min(p~, q~) per step against the plain loop: each draft row and target row
+    truncated by specs.truncation (sorted lists, float64), then Σ min over the draft
+    ids; greedy starts untruncated; matches, counts and the divergences as untruncated."""
+    args, kwargs, want, untruncated, margins = truncation_case(seed, per_start, probs)
+    assert min(margins) > 1e-4, min(margins)  # no top-p decision within float rounding of its boundary
+    sums = draft_metrics(*to(device, *args), **dict(zip(kwargs, to(device, *kwargs.values()), strict=True)),
+                         divergence=divergence)  # fmt: skip
+    assert_truncated_sums(DraftMetricSums(*to("cpu", *sums)), want, untruncated, divergence)
+
+
+def test_truncated_metrics_compile_fullgraph_once(device):
+    """Both truncation paths (one setting for all starts, as Python numbers; per-start
+    tensors) in one Inductor graph, fullgraph, no recompile for batches of other
+    lengths and other per-start values; equal to the spec."""
+
+    def evaluate(uniform_args, uniform_kwargs, per_start_args, per_start_kwargs):
+        return (draft_metrics(*uniform_args, **uniform_kwargs, divergence=True),
+                draft_metrics(*per_start_args, **per_start_kwargs))  # fmt: skip
+
+    compiled = fresh_compile(evaluate, fullgraph=True, dynamic=True)
+    with CompileCounts.measure() as counts:
+        # The same numbers (TRUNCATIONS[3]); in one call the two batches' sizes differ, or
+        # duck sizing would tie them together.
+        for seed, lengths, other_lengths in ((3, (6, 9, 5, 2), (6, 9, 4)), (7, (5, 11, 8), (7, 3, 12, 2, 5))):
+            uniform = truncation_case(seed, False, seq_lens=lengths)
+            per_start = truncation_case(seed + 1, True, seq_lens=other_lengths)
+            inputs = []
+            for args, kwargs, *_ in (uniform, per_start):
+                inputs += [to(device, *args), dict(zip(kwargs, to(device, *kwargs.values()), strict=True))]
+            got = compiled(*inputs)
+            for sums, (_, _, want, untruncated, margins), divergence in zip(got, (uniform, per_start), (True, False),
+                                                                           strict=True):  # fmt: skip
+                assert min(margins) > 1e-4
+                assert_truncated_sums(DraftMetricSums(*to("cpu", *sums)), want, untruncated, divergence)
+    assert counts.graph_breaks == 0 and counts.compiles == 1
+
+
+def test_truncation_arguments_are_checked():
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(0, 2, [4, 3], 6, 4, use_map=True)
+    for kwargs, message in [
+        (dict(top_k=2.0), "top_k must be an int"),
+        (dict(top_k=True), "top_k must be an int"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=float("nan")), r"top_p must be in \(0, 1\]"),
+        (dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
+        (dict(min_p="0.1"), "min_p must be a number"),
+        (dict(top_p=torch.ones(7, dtype=torch.float64)), "top_p must have dtype"),
+        (dict(top_k=torch.ones(3, dtype=torch.int32)), "top_k must have shape"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            draft_metrics(draft, target, loss_mask, 0.8, d2t=d2t, cu_seqlens=cu_seqlens, **kwargs)

@@ -241,8 +241,9 @@ class DraftSampler:
         """Each sampled row's logit cut for its request's top-k / top-p / min-p
         (ops.truncation_cut, over the draft's own vocabulary), or None without
         truncation: the draft samples inside the request's truncation, as the target's
-        tokens are verified against it."""
-        if self.sampling is None or self.config.draft_sampling == "greedy":
+        tokens are verified against it. None too with config.draft_truncation False
+        (drafts from the untruncated distribution; verify still truncates the target)."""
+        if self.sampling is None or self.config.draft_sampling == "greedy" or not self.config.draft_truncation:
             return None
         rows = self.sampling.truncation_rows(repeat)
         if rows is None:

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from specdraft.checks import check_int_range
 from specdraft.training.block import block_forward_for_eval, start_anchors
-from specdraft.training.metrics import DraftMetricSums, combine, draft_metrics, finalize
+from specdraft.training.metrics import DraftMetricSums, check_truncation_numbers, combine, draft_metrics, finalize
 from specdraft.training.shards import TargetBatch, load_batch, split_batch
 from specdraft.training.unroll import LOOPS, TOKEN_MODES, unroll_for_eval
 
@@ -43,7 +43,11 @@ class DraftEvaluator:
 
     num_steps: K draft steps per start (a block drafter: its first K <= block_size
     drafts). temperature: a number (<= 0 greedy); the expected acceptance Σ min(p, q)
-    is taken at it. tokens: "draft" (the head's own greedy drafts, as served) or
+    is taken at it. top_k, top_p, min_p: a request's truncation, one setting for the
+    whole evaluation as the temperature (an int, <= 0 off; (0, 1], 1 off; [0, 1], 0
+    off): Σ min(p~, q~) of both distributions truncated and renormalised, the draft
+    sampling inside the truncation (training.metrics' Truncation; ignored when
+    greedy). tokens: "draft" (the head's own greedy drafts, as served) or
     "data" (teacher forcing). loop: "auto" picks the head's proposer loop (its
     `draft_loop`: "multi_layer" for MTP heads with several layers,
     MultiLayerEagleProposer; "block" for block drafters, BlockProposer; "eagle"
@@ -51,11 +55,13 @@ class DraftEvaluator:
     fullgraph=True, dynamic=True).
     """
 
-    def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, tokens: str = "draft",
-                 loop: str = "auto", divergence: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
+    def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, tokens: str = "draft", loop: str = "auto",
+                 divergence: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
         check_int_range("num_steps", num_steps, 1)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
             raise ValueError(f"temperature must be a number (<= 0: greedy), got {temperature!r}")
+        check_truncation_numbers(top_k, top_p, min_p)
         if loop not in ("auto", *EVAL_LOOPS):
             raise ValueError(f"loop must be one of {('auto', *EVAL_LOOPS)}, got {loop!r}")
         if tokens not in TOKEN_MODES:
@@ -65,6 +71,7 @@ class DraftEvaluator:
         self.head = head
         self.num_steps = num_steps
         self.temperature = float(temperature)
+        self.truncation = {"top_k": top_k, "top_p": float(top_p), "min_p": float(min_p)}
         self.tokens = tokens
         self.loop = head.draft_loop if loop == "auto" else loop
         check_block_loop(head, self.loop, num_steps)
@@ -83,8 +90,8 @@ class DraftEvaluator:
                 self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
             ).logits
         return draft_metrics(
-            logits, batch.target_logits, batch.loss_mask, self.temperature, d2t=self.head.vocab_map,
-            cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
+            logits, batch.target_logits, batch.loss_mask, self.temperature, **self.truncation,
+            d2t=self.head.vocab_map, cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
         )  # fmt: skip
 
     def block_logits(self, batch: TargetBatch) -> torch.Tensor:

@@ -20,7 +20,8 @@ Sums, per step k, each over the scored pairs of step k unless said otherwise:
   equal to the target's argmax (ties: the lowest id, as torch.argmax);
 - accept: the expected acceptance sum_x min(p(x), q(x)) at the temperature
   (ops.vocab_metrics: p, q the tempered target and draft distributions; target
-  mass outside the draft vocabulary never accepts; greedy: the match);
+  mass outside the draft vocabulary never accepts; greedy: the match). With a
+  request's top-k / top-p / min-p (see Truncation) p and q are both truncated;
 - accepted_prefix: over full starts, the number whose drafts 0..k all match;
   summed over k this is the exact per-start acceptance length (the number of
   leading drafts accepted by greedy verification along the data), a mean of
@@ -29,6 +30,17 @@ Sums, per step k, each over the scored pairs of step k unless said otherwise:
 - cross_entropy, kl (divergence=True, else empty): the target restricted to the
   draft vocabulary and renormalised (pd, SpecForge's training target) against the
   draft q, -sum pd log q and sum pd log(pd / q), at the temperature (1 when greedy).
+
+Truncation. top_k / top_p / min_p (default off) are a request's, with the rules and
+order of ops.truncation_cut: then accept is sum_x min(p~(x), q~(x)), p~ the
+target's distribution at the temperature truncated by them and renormalised, q~ the
+draft's likewise over its own vocabulary (drafting inside the truncation, as the
+proposers do). Each row's cut comes from ops.truncation_cut and the logits below it
+are set to -inf before ops.vocab_metrics (no host sync). Greedy starts (T <= 0) are
+not truncated. The rest is unchanged: a row's argmax is always kept, so the greedy
+matches are the same, and cross_entropy and kl stay those of the untruncated
+distributions (the head's fit to the whole target; between truncated rows a token
+the target keeps and the draft cut would make both +inf).
 
 Exact sums. Every per-pair value is rounded to a multiple of 2**-24 (within 3e-8,
 below an fp32 rounding at 1) before summing in float64, so every sum is exact, and
@@ -44,7 +56,7 @@ import torch.nn.functional as F
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
 from specdraft.layout import sequence_of
-from specdraft.ops import vocab_metrics
+from specdraft.ops import truncation_cut, vocab_metrics
 
 QUANTUM = 2.0**-24  # the grid per-pair values are rounded to: 2**53 * QUANTUM = 2**29 is the exact range
 
@@ -98,12 +110,61 @@ def _start_temperatures(temperature, total: int, like: torch.Tensor) -> torch.Te
     return temperature.expand(total)
 
 
+OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # each truncation parameter's off value
+
+
+def check_truncation_numbers(top_k, top_p, min_p) -> None:
+    """One request's truncation as Python numbers (what DraftEvaluator takes): top_k
+    an int (<= 0 or >= the vocabulary: off), top_p in (0, 1] (1: off), min_p in
+    [0, 1] (0: off); a ValueError names the argument."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise ValueError(f"top_k must be an int (<= 0: off), got {top_k!r}")
+    for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if not ((value > 0) if low_open else (value >= 0)) or not value <= 1:  # NaN fails both
+            bound = "(0, 1] (1: off)" if low_open else "[0, 1] (0: off)"
+            raise ValueError(f"{name} must be in {bound}, got {value!r}")
+
+
+def _start_truncation(top_k, top_p, min_p, total: int, like: torch.Tensor):
+    """(top_k int, top_p fp32, min_p fp32), each [T] (one per start; a number or a
+    0-dim tensor expanded, not copied); None when all three are numbers and off."""
+    given = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    numbers = {name: value for name, value in given.items() if not isinstance(value, torch.Tensor)}
+    check_truncation_numbers(**{**OFF, **numbers})
+    if len(numbers) == 3 and top_k <= 0 and top_p >= 1 and min_p <= 0:
+        return None
+    columns = []
+    for name, value in given.items():
+        dtypes = INDEX_DTYPES if name == "top_k" else (torch.float32,)
+        if isinstance(value, torch.Tensor):
+            check_tensor_arg(name, value, dtypes, shape=[(), (total,)], device_of=like)
+        else:
+            value = torch.full((1,), value, dtype=dtypes[0], device=like.device)
+        columns.append(value.expand(total))
+    return tuple(columns)
+
+
+def _truncated(values: torch.Tensor, temperatures: torch.Tensor, truncation, probs: bool) -> torch.Tensor:
+    """values [n, V] (the first n starts' rows) with every entry below its row's cut
+    (ops.truncation_cut, with those starts' parameters) removed: -inf logits, or 0
+    probabilities (cut on their log, the logits they stand for). NaN stays NaN."""
+    n = values.shape[0]
+    keys = values.log() if probs else values
+    cut = truncation_cut(keys, *(column[:n].contiguous() for column in (temperatures, *truncation)))
+    return torch.where(keys < cut[:, None], 0.0 if probs else float("-inf"), values)
+
+
 def draft_metrics(
     draft_logits: torch.Tensor,
     target_logits: torch.Tensor,
     loss_mask: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     *,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
     d2t: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     target_is_probs: bool = False,
@@ -115,7 +176,10 @@ def draft_metrics(
     target_logits [T, V] (the target's output at every position, or probabilities
     with target_is_probs), fp32 / bf16 / fp16. loss_mask [T] bool or integer (None:
     every row scored). temperature: a number, a 0-dim fp32 tensor, or fp32 [T] (per
-    start t); T <= 0 is greedy. d2t [Vd]: draft id i is target id i + d2t[i] (None:
+    start t); T <= 0 is greedy. top_k, top_p, min_p: the truncation of accept (module
+    docstring), each a number, a 0-dim tensor or [T] (per start; top_k int32 / int64,
+    top_p and min_p fp32; a tensor's values are not checked: ops.truncation_cut's
+    rules); off by default. d2t [Vd]: draft id i is target id i + d2t[i] (None:
     Vd == V). cu_seqlens [B + 1] int32/int64: packed sequences (None: one sequence);
     its last entry must be T. Not differentiable: the logits are detached.
     """
@@ -139,13 +203,33 @@ def draft_metrics(
     row_scored = F.pad(row_scored, (0, num_steps + 1))  # rows past the end: never scored
     scored = (rows < _sequence_ends(cu_seqlens, positions, total)) & row_scored[rows]
 
+    truncation = _start_truncation(top_k, top_p, min_p, total, draft_logits)
+    if isinstance(temperature, int | float) and not temperature > 0:
+        truncation = None  # greedy: nothing to truncate
+    truncated_target = None
+    if truncation is not None and not any(isinstance(v, torch.Tensor) and v.dim() == 1
+                                          for v in (temperature, top_k, top_p, min_p)):  # fmt: skip
+        # One setting for every start: a target row's cut is the same at every step.
+        truncated_target = _truncated(target_logits, temperatures, truncation, target_is_probs)
+
     columns = []  # per step: the op's outputs, padded to T (the padding is never scored)
     for k in range(num_steps):
         target_rows = target_logits[k + 1 :]
         n = target_rows.shape[0]
-        out = vocab_metrics(draft_logits[k, :n], target_rows, temperatures[:n], d2t=d2t,
-                            target_is_probs=target_is_probs, divergence=divergence)  # fmt: skip
-        values = (out.draft_token == out.target_token, out.accept)
+        draft_rows, options = draft_logits[k, :n], {"d2t": d2t, "target_is_probs": target_is_probs}
+        out = None
+        if truncation is None or divergence:
+            out = vocab_metrics(draft_rows, target_rows, temperatures[:n], divergence=divergence, **options)
+        accept = None if out is None else out.accept
+        if truncation is not None:
+            if truncated_target is None:
+                target_part = _truncated(target_rows, temperatures, truncation, target_is_probs)
+            else:
+                target_part = truncated_target[k + 1 :]
+            draft_part = _truncated(draft_rows, temperatures, truncation, False)
+            inside = vocab_metrics(draft_part, target_part, temperatures[:n], **options)
+            out, accept = inside if out is None else out, inside.accept  # argmaxes are kept: the same tokens
+        values = (out.draft_token == out.target_token, accept)
         values += (out.cross_entropy, out.kl) if divergence else ()
         columns.append([F.pad(v, (0, k + 1)) for v in values])
     match, accept, *divergences = (torch.stack(c) for c in zip(*columns, strict=True))

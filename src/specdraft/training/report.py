@@ -12,9 +12,21 @@ from specdraft.training.metrics import DraftMetrics, DraftMetricSums
 PLOT_EXTRA = 'plotting needs matplotlib: pip install "matplotlib>=3.7" (or, in a clone, pip install ".[plot]")'
 
 
-def format_table(metrics: DraftMetrics, sums: DraftMetricSums, temperature: float = 0.0) -> str:
+def sampling_label(temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> str:
+    """A sampling setting in words: the temperature, then the truncation parameters
+    that are on ("temperature 0.7, top-k 20, top-p 0.9")."""
+    parts = [f"temperature {temperature:g}"]
+    parts += [f"top-k {top_k}"] if top_k > 0 else []
+    parts += [f"top-p {top_p:g}"] if top_p < 1 else []
+    parts += [f"min-p {min_p:g}"] if min_p > 0 else []
+    return ", ".join(parts)
+
+
+def format_table(metrics: DraftMetrics, sums: DraftMetricSums, temperature: float = 0.0, *, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0) -> str:  # fmt: skip
     """The per-step table and the acceptance lengths, as printed by `python -m
-    specdraft.eval`. Step k is the k-th draft of a chain (k = 1 .. K)."""
+    specdraft.eval`. Step k is the k-th draft of a chain (k = 1 .. K). top_k, top_p,
+    min_p: the truncation the sums were taken with (named in the expected line)."""
     divergence = metrics.cross_entropy.numel() > 0
     header = f"{'step':>4}  {'scored':>9}  {'greedy acc':>10}  {'all k match':>11}  {'Σ min(p,q)':>10}"
     header += f"  {'CE':>7}  {'KL':>7}" if divergence else ""
@@ -36,10 +48,8 @@ def format_table(metrics: DraftMetrics, sums: DraftMetricSums, temperature: floa
         f"{float(metrics.marginal_acceptance_length):.4f}",
     ]
     if temperature > 0:  # at temperature 0, Σ min(p, q) is the greedy match itself
-        lines.append(
-            f"{f'expected at temperature {temperature:g} (Σ min(p,q))':<{len(greedy_label)}}: "
-            f"{float(metrics.expected_acceptance_length):.4f}"
-        )
+        label = f"expected at {sampling_label(temperature, top_k, top_p, min_p)} (Σ min(p,q))"
+        lines.append(f"{label:<{len(greedy_label)}}: {float(metrics.expected_acceptance_length):.4f}")
     return "\n".join(lines)
 
 
@@ -56,16 +66,18 @@ def pyplot():
     return plt
 
 
-def plot_acceptance(metrics: DraftMetrics, path: str | Path, title: str = "", temperature: float = 0.0) -> Path:
+def plot_acceptance(metrics: DraftMetrics, path: str | Path, title: str = "", temperature: float = 0.0, *,
+                    top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Path:  # fmt: skip
     """PNG of the per-step rates: greedy accuracy, the share of starts whose first k
     drafts all match (what greedy verification accepts), and Σ min(p, q) at
-    `temperature` (at 0 it equals the greedy accuracy)."""
+    `temperature` and the truncation top_k / top_p / min_p (at temperature 0 it
+    equals the greedy accuracy)."""
     plt = pyplot()
     steps = list(range(1, metrics.accuracy.shape[0] + 1))
     series = {
         "greedy accuracy (draft k = target argmax)": metrics.accuracy,
         "drafts 1..k all accepted (greedy)": metrics.accepted_prefix_rate,
-        f"Σ min(p, q) at temperature {temperature:g}": metrics.acceptance_rate,
+        f"Σ min(p, q) at {sampling_label(temperature, top_k, top_p, min_p)}": metrics.acceptance_rate,
     }
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     width = 0.8 / len(series)
