@@ -110,6 +110,36 @@ def test_greedy_chain_accepts_exactly_the_matching_prefix(device):
 
 
 @pytest.mark.kernel
+def test_greedy_never_takes_a_nan_target_logit(device):
+    """NaN target logits at each row's two largest places: greedy requests accept and
+    emit the argmax of the other logits (NaN ranks as -inf), in every lane. The
+    kernels' argmax never takes a NaN key (ops/common/scan.py); torch.argmax takes
+    NaN for the max, which the CPU reference once followed (token 5 on CPU, 23 from
+    the kernel on one such row)."""
+    vocab, num_spec = 40, 3
+    target = torch.randn(4, num_spec + 1, vocab, generator=torch.Generator().manual_seed(2)) * 4.0
+    target.scatter_(2, target.argsort(-1, descending=True)[..., :2], math.nan)
+    best = torch.where(torch.isnan(target), -math.inf, target).argmax(-1)
+    drafts = best[:, :num_spec].clone()
+    drafts[1, 1] = (best[1, 1] + 1) % vocab  # mismatch at 1
+    drafts[2, 0] = (best[2, 0] + 1) % vocab  # mismatch at 0
+    n = torch.tensor([3, 3, 3, 1])
+    zero = torch.zeros(4, dtype=torch.int64)
+    tokens, counts = rejection_sample(
+        drafts.to(device), n.to(device), None, target.to(device), torch.zeros(4, device=device),
+        zero.to(device), zero.to(device),
+    )  # fmt: skip
+    b = best.tolist()
+    assert counts.cpu().tolist() == [3, 1, 0, 1]
+    assert tokens.cpu().tolist() == [
+        b[0],
+        [b[1][0], b[1][1], -1, -1],
+        [b[2][0], -1, -1, -1],
+        [b[3][0], b[3][1], -1, -1],
+    ]
+
+
+@pytest.mark.kernel
 def test_invalid_draft_ids_are_rejected(device):
     target = torch.zeros(2, 2, 6)
     target[:, 0, 2] = 50.0  # p(2) ~ 1: token 2 would be accepted

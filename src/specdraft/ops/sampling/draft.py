@@ -193,6 +193,13 @@ def _draft_finish_kernel(
 # ------------------------------------------------------------------------ references
 
 
+def argmax_skipping_nan(keys: torch.Tensor) -> torch.Tensor:
+    """keys.argmax(-1) with NaN ranked as -inf, as the kernels' argmax ranks it
+    (ops/common/scan.py): torch.argmax takes NaN for the max, and a NaN logit is never
+    among the tokens a cut keeps. The references' argmaxes all go through it."""
+    return torch.where(torch.isnan(keys), float("-inf"), keys).argmax(-1)
+
+
 def truncate_logits(logits: torch.Tensor, temperature: torch.Tensor, logit_cut: torch.Tensor | None) -> torch.Tensor:
     """logits in fp32, -inf where below the row's cut in sampled rows (T > 0); greedy
     rows and a None cut: unchanged. logits [..., V], temperature [B], logit_cut
@@ -218,10 +225,7 @@ def draft_sample_reference(logits, temperature, seeds, positions, salt: int = 0,
     bits = noise_bits_torch(key[:, None], token)
     keys = truncate_logits(logits, temperature, logit_cut) * gumbel_gain_torch(temperature)[:, None]
     keys = torch.where((temperature <= 0)[:, None], keys, keys + gumbel2_torch(bits))
-    # NaN keys never win, as in the kernels' argmax (ops/common/scan.py): torch.argmax
-    # takes NaN for the max, and a NaN logit is never among the tokens a cut keeps.
-    keys = torch.where(torch.isnan(keys), float("-inf"), keys)
-    return keys.argmax(-1).to(torch.int32)
+    return argmax_skipping_nan(keys).to(torch.int32)
 
 
 def store_step_reference(out: torch.Tensor, step: torch.Tensor, values: torch.Tensor) -> None:

@@ -60,7 +60,13 @@ from ..common.scan import (
     lane_argmax_update,
     scan_vocab,
 )
-from .draft import check_draft_sample_values, check_logit_cut_arg, check_logit_cut_values, truncate_logits
+from .draft import (
+    argmax_skipping_nan,
+    check_draft_sample_values,
+    check_logit_cut_arg,
+    check_logit_cut_values,
+    truncate_logits,
+)
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -235,7 +241,7 @@ def rejection_sample_reference(
     vocab, device = target_logits.shape[-1], target_logits.device
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    target_argmax = target_logits.float().argmax(-1)  # [B, K+1]
+    target_argmax = argmax_skipping_nan(target_logits.float())  # [B, K+1]
     x = truncate_logits(target_logits, temperature, logit_cut)  # greedy rows: untouched
     z = x / scale[:, None, None]
     p = torch.softmax(z, -1)
@@ -268,7 +274,7 @@ def rejection_sample_reference(
     race = (p_c - q_c).clamp(min=0) / e
     recovered = torch.where((race > 0).any(-1), race.argmax(-1), (p_c / e).argmax(-1))
     bonus_keys = _gather_rows(x, count) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits)
-    bonus = bonus_keys.argmax(-1)
+    bonus = argmax_skipping_nan(bonus_keys)
     random_token = torch.where(count < num_draft, recovered, bonus)
     emitted = torch.where(greedy, target_argmax.gather(1, count[:, None])[:, 0], random_token)
 

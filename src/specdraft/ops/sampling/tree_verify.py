@@ -78,7 +78,13 @@ from specdraft.value_checks import first_bad
 
 from ..backend import NAMESPACE, cdiv, next_power_of_2, use_triton
 from ..common.fastmath import FAST_LOG2
-from .draft import check_draft_sample_values, check_logit_cut_arg, check_logit_cut_values, truncate_logits
+from .draft import (
+    argmax_skipping_nan,
+    check_draft_sample_values,
+    check_logit_cut_arg,
+    check_logit_cut_values,
+    truncate_logits,
+)
 from .noise import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -132,7 +138,7 @@ def tree_verify_reference(
     vocab, device = target_logits.shape[-1], target_logits.device
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    target_argmax = target_logits.float().argmax(-1)
+    target_argmax = argmax_skipping_nan(target_logits.float())
     x = truncate_logits(target_logits, temperature, logit_cut)  # greedy rows: untouched
     p = torch.softmax(x / scale[:, None, None], -1)
     tokens, parents = tree_tokens.long(), parents.long()
@@ -174,7 +180,7 @@ def tree_verify_reference(
     p_cur = _gather_rows(p, cur)
     race = torch.where(_mark(safe, tried & valid, vocab), 0.0, p_cur) / e
     recovered = torch.where((race > 0).any(-1), race.argmax(-1), (p_cur / e).argmax(-1))
-    bonus = (_gather_rows(x, cur) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits)).argmax(-1)
+    bonus = argmax_skipping_nan(_gather_rows(x, cur) * gumbel_gain_torch(temperature)[:, None] + gumbel2_torch(bits))
     sampled = torch.where(tried.any(1), recovered, bonus)
     emitted = torch.where(greedy, target_argmax.gather(1, cur[:, None])[:, 0], sampled)
 
