@@ -22,6 +22,7 @@ indices must be integers or slices, not NoneType"); the others still run.
     python benchmarks/bench_truncation.py
     python benchmarks/bench_truncation.py --smoke        # CPU, tiny sizes: a check of the script
     python benchmarks/bench_truncation.py --tiles        # also the kernel's tile sweep (table truncation_tiles)
+    python benchmarks/bench_truncation.py --no-baselines # ours only (the baselines' compiles take minutes)
 """
 
 import argparse
@@ -106,8 +107,13 @@ def compiled(fn):
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
+SKIP_BASELINES = False  # --no-baselines
+
+
 def try_time(fn, device):
     """(microseconds, None) or (None, the first line of why torch.compile failed)."""
+    if SKIP_BASELINES:
+        return None, "not run (--no-baselines)"
     try:
         return time_us(fn, device), None
     except Exception as error:  # a baseline that does not build: say so, go on
@@ -244,7 +250,10 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab", type=int, default=152_064)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check of the script")
     parser.add_argument("--tiles", action="store_true", help="also the kernel's tile sweep (CUDA)")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the compiled sort-based baselines")
     args = parser.parse_args(argv)
+    global SKIP_BASELINES
+    SKIP_BASELINES = args.no_baselines
     device = "cuda"
     if args.smoke:
         device, args.batch, args.vocab = "cpu", 4, 1000

@@ -153,10 +153,11 @@ def bucket_shift(lo, hi, BINS: tl.constexpr):
 
 
 @triton.jit
-def bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
+def bucket_pass(row_ptr, vocab, lo, hi, shift, value_lo, inv_width, base, thr, top, temp, BY_VALUE: tl.constexpr,
                 MASS: tl.constexpr, SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
     """One pass: the candidates of each bucket b (keys lo + [b * 2**shift, (b + 1) *
-    2**shift), within [lo, hi)) and those at or above hi; MASS: also the mass at or
+    2**shift), within [lo, hi); BY_VALUE: logits value_lo + [b, b + 1) / inv_width, up
+    to fp32 rounding) and those at or above hi; MASS: also the mass at or
     above hi and at or above `base` (a tile's in fp32, the tiles' in fp64: a 152k row
     in 256-token tiles has 594 of them, whose fp32 running sum would drift by ~1e-5
     of the total, the size of one tail token's mass at top_p = 0.99)."""
@@ -171,7 +172,10 @@ def bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
         x = load_clean(row_ptr, off + tl.arange(0, BLOCK), vocab)
         key = candidate_keys(x, thr, SHIFT)
         inside = (key >= lo32) & (key < hi32)
-        offset = (key - lo32).to(tl.uint32, bitcast=True) >> shift.to(tl.uint32)
+        if BY_VALUE:
+            offset = tl.minimum(((x - value_lo) * inv_width).to(tl.int32), BINS - 1)
+        else:
+            offset = ((key - lo32).to(tl.uint32, bitcast=True) >> shift.to(tl.uint32)).to(tl.int32)
         counts += tl.histogram(tl.where(inside, offset, 0).to(tl.int32), BINS, mask=inside)
         above += tl.sum((key >= hi32).to(tl.int32), 0)
         if MASS:
@@ -197,8 +201,8 @@ def count_search(row_ptr, vocab, lo, hi, top_k, thr,
     bins = tl.arange(0, BINS)
     while hi - lo > 1:
         shift = bucket_shift(lo, hi, BINS)
-        counts, above, _, _ = bucket_pass(row_ptr, vocab, lo, hi, shift, lo, thr, 0.0, 1.0,
-                                          False, SHIFT, BLOCK, BINS)  # fmt: skip
+        counts, above, _, _ = bucket_pass(row_ptr, vocab, lo, hi, shift, 0.0, 0.0, lo, thr, 0.0, 1.0,
+                                          False, False, SHIFT, BLOCK, BINS)  # fmt: skip
         starts = lo + (bins.to(tl.int64) << shift)
         passing = (above + suffix_sums(counts) >= top_k) & (starts < hi)
         # Passing buckets are a prefix (counts at or above never grow with the key).
@@ -206,6 +210,60 @@ def count_search(row_ptr, vocab, lo, hi, top_k, thr,
         hi = tl.minimum(hi, lo + ((last + 1) << shift))
         lo = lo + (last << shift)
     return lo
+
+
+@triton.jit
+def weight_at(value, top, temp):
+    """exp((value - top) / T), 1 at or above top: a candidate's weight as a function
+    of its logit, for bounds."""
+    return tl.where(value >= top, 1.0, tl.exp((tl.minimum(value, top) - top) / temp)).to(tl.float64)
+
+
+@triton.jit
+def key_buckets_step(row_ptr, vocab, lo, hi, base, top_p, thr, top, temp,
+                     SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
+    """One bracketing pass over buckets of 2**s keys: (new lo, new hi)."""
+    bins = tl.arange(0, BINS)
+    shift = bucket_shift(lo, hi, BINS)
+    counts, _, above_mass, total = bucket_pass(row_ptr, vocab, lo, hi, shift, 0.0, 0.0, base, thr, top, temp,
+                                               False, True, SHIFT, BLOCK, BINS)  # fmt: skip
+    target = top_p.to(tl.float64) * total
+    starts = lo + (bins.to(tl.int64) << shift)
+    inside = starts < hi
+    lasts = tl.minimum(starts + (1 << shift), hi) - 1
+    lightest = candidate_weights(key_value(starts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
+    heaviest = candidate_weights(key_value(lasts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
+    number = tl.where(inside, counts, 0).to(tl.float64)
+    sure_pass = (above_mass + suffix_sums(number * lightest) >= target) & inside
+    sure_fail = (above_mass + suffix_sums(number * heaviest) < target) & inside & (bins > 0)
+    return tl.max(tl.where(sure_pass, starts, lo), 0), tl.min(tl.where(sure_fail, starts, hi), 0)
+
+
+@triton.jit
+def value_buckets_step(row_ptr, vocab, lo, hi, value_lo, width, base, top_p, thr, top, temp,
+                       SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):  # fmt: skip
+    """One bracketing pass over buckets of equal logit width (a bucket's weights then
+    differ by exp(width / T), where key buckets near the max span whole binades):
+    (new lo, new hi). A token lands in bucket b up to fp32 rounding, so each bound
+    reaches one bucket further (from b - 1's start to b + 2's), and the new interval
+    is taken one bucket wider on each side."""
+    bins = tl.arange(0, BINS)
+    counts, _, above_mass, total = bucket_pass(row_ptr, vocab, lo, hi, 0, value_lo, 1.0 / width, base, thr, top,
+                                               temp, True, True, SHIFT, BLOCK, BINS)  # fmt: skip
+    target = top_p.to(tl.float64) * total
+    edges = value_lo + bins.to(tl.float32) * width
+    number = counts.to(tl.float64)
+    lightest = weight_at(edges - width, top, temp)
+    heaviest = weight_at(edges + 2 * width, top, temp)
+    sure_pass = above_mass + suffix_sums(number * lightest) >= target
+    sure_fail = (above_mass + suffix_sums(number * heaviest) < target) & (bins > 0)
+    last_pass = tl.max(tl.where(sure_pass, bins, 0), 0)
+    first_fail = tl.min(tl.where(sure_fail, bins, BINS), 0)
+    pass_key = order_key(value_lo + (last_pass - 1).to(tl.float32) * width, SHIFT).to(tl.int64)
+    fail_key = order_key(value_lo + (first_fail + 1).to(tl.float32) * width, SHIFT).to(tl.int64) + 1
+    new_lo = tl.where(last_pass >= 1, tl.minimum(tl.maximum(lo, pass_key), hi - 1), lo)
+    new_hi = tl.where(first_fail < BINS, tl.maximum(tl.minimum(hi, fail_key), new_lo + 1), hi)
+    return new_lo, new_hi
 
 
 @triton.jit
@@ -235,31 +293,29 @@ def mass_search(row_ptr, vocab, base, hi, top_p, thr, top, temp, SHIFT: tl.const
 
     A pass counts the candidates per bucket (as count_search) and sums the exact
     mass at or above hi and the total; every candidate of a bucket weighs between
-    the weights of the bucket's first and last keys' values, so the mass at or above
-    a bucket's first key lies between two suffix sums of count x weight. Buckets
-    whose lower bound passes surely pass, those whose upper bound fails surely fail,
-    and the interval shrinks to the buckets between (one bucket of single keys is
-    exact: its bounds are equal). Where no bucket is sure (wide buckets at a low
-    temperature), a [MASS_BLOCK, PIVOTS] pass of exact masses at PIVOTS keys
-    shrinks it PIVOTS + 1 times instead."""
+    the weights of the bucket's lowest and highest values, so the mass at or above a
+    bucket's start lies between two suffix sums of count x weight. Buckets whose
+    lower bound passes surely pass, those whose upper bound fails surely fail, and
+    the interval shrinks to the buckets between. Buckets are of equal logit width
+    while the interval holds more than 4 x BINS keys over more than 1e-3 T of logit
+    (value_buckets_step), then of 2**s keys (key_buckets_step; single keys are
+    exact: their bounds are equal).
+    Where no bucket is sure, a [MASS_BLOCK, PIVOTS] pass of exact masses at PIVOTS
+    keys shrinks the interval PIVOTS + 1 times instead."""
     lo = tl.maximum(base, top_p_floor(top, temp, top_p, vocab, SHIFT))
-    bins = tl.arange(0, BINS)
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
-        shift = bucket_shift(lo, hi, BINS)
-        counts, _, above_mass, total = bucket_pass(row_ptr, vocab, lo, hi, shift, base, thr, top, temp,
-                                                   True, SHIFT, BLOCK, BINS)  # fmt: skip
-        target = top_p.to(tl.float64) * total
-        starts = lo + (bins.to(tl.int64) << shift)
-        inside = starts < hi
-        lasts = tl.minimum(starts + (1 << shift), hi) - 1
-        lightest = candidate_weights(key_value(starts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
-        heaviest = candidate_weights(key_value(lasts.to(tl.int32), SHIFT), thr, top, temp).to(tl.float64)
-        number = tl.where(inside, counts, 0).to(tl.float64)
-        sure_pass = (above_mass + suffix_sums(number * lightest) >= target) & inside
-        sure_fail = (above_mass + suffix_sums(number * heaviest) < target) & inside & (bins > 0)
-        new_lo = tl.max(tl.where(sure_pass, starts, lo), 0)
-        new_hi = tl.min(tl.where(sure_fail, starts, hi), 0)
+        value_lo = key_value(lo.to(tl.int32), SHIFT)
+        width = (key_value((hi - 1).to(tl.int32), SHIFT) - value_lo) / BINS
+        # Equal-width buckets while the interval spans weights that differ by more than
+        # 0.1% (key buckets near the max span binades); then key buckets, whose bounds
+        # are that tight, and which single out keys where values cannot (near 0 the
+        # keys are dense and an interval of values shrinks to subnormals).
+        if (hi - lo > 4 * BINS) & (width * BINS > 1e-3 * temp) & (width < float("inf")):
+            new_lo, new_hi = value_buckets_step(row_ptr, vocab, lo, hi, value_lo, width, base, top_p, thr, top, temp,
+                                                SHIFT, BLOCK, BINS)  # fmt: skip
+        else:
+            new_lo, new_hi = key_buckets_step(row_ptr, vocab, lo, hi, base, top_p, thr, top, temp, SHIFT, BLOCK, BINS)
         if (new_lo == lo) & (new_hi == hi):
             pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
             hits, base_mass = mass_pass(row_ptr, vocab, pivots.to(tl.int32), base.to(tl.int32), thr, top, temp,
