@@ -17,6 +17,7 @@ from specdraft.ops.sampling.tiles import CHUNK_V
 from specdraft.testing import SamplingBatch, check_rejection_sample_values, sampling_batches
 
 import specs.sampling as spec
+from fixtures.sampling_inputs import rejection_inputs
 
 DRAWS = 300 if TRITON_INTERPRET else 20_000
 
@@ -83,12 +84,18 @@ def test_matches_spec(device, batch, with_probs, dtype, index_dtype, salt):
 
 
 @pytest.mark.kernel
-def test_greedy_chain_accepts_exactly_the_matching_prefix(device):
+@pytest.mark.parametrize("nan_at_top", [False, True])
+def test_greedy_chain_accepts_exactly_the_matching_prefix(device, nan_at_top):
     """Stated directly: drafts equal to the target argmax are accepted up to the
-    first mismatch, which emits the target argmax; all matched emits the bonus."""
+    first mismatch, which emits the target argmax; all matched emits the bonus.
+    nan_at_top: NaN at each row's two largest places, which rank as -inf (the
+    kernels' argmax never takes a NaN key, ops/common/scan.py; torch.argmax takes
+    NaN for the max, which the CPU reference once followed)."""
     vocab, num_spec = 40, 3
     target = torch.randn(4, num_spec + 1, vocab, generator=torch.Generator().manual_seed(1))
-    best = target.argmax(-1)
+    if nan_at_top:
+        target.scatter_(2, target.argsort(-1, descending=True)[..., :2], math.nan)
+    best = torch.where(torch.isnan(target), -math.inf, target).argmax(-1)
     drafts = best[:, :num_spec].clone()
     drafts[1, 1] = (best[1, 1] + 1) % vocab  # mismatch at 1
     drafts[2, 0] = (best[2, 0] + 1) % vocab  # mismatch at 0
@@ -106,36 +113,6 @@ def test_greedy_chain_accepts_exactly_the_matching_prefix(device):
         [b[1][0], b[1][1], -1, -1],
         [b[2][0], -1, -1, -1],
         [b[3][0], b[3][1], b[3][2], -1],
-    ]
-
-
-@pytest.mark.kernel
-def test_greedy_never_takes_a_nan_target_logit(device):
-    """NaN target logits at each row's two largest places: greedy requests accept and
-    emit the argmax of the other logits (NaN ranks as -inf), in every lane. The
-    kernels' argmax never takes a NaN key (ops/common/scan.py); torch.argmax takes
-    NaN for the max, which the CPU reference once followed (token 5 on CPU, 23 from
-    the kernel on one such row)."""
-    vocab, num_spec = 40, 3
-    target = torch.randn(4, num_spec + 1, vocab, generator=torch.Generator().manual_seed(2)) * 4.0
-    target.scatter_(2, target.argsort(-1, descending=True)[..., :2], math.nan)
-    best = torch.where(torch.isnan(target), -math.inf, target).argmax(-1)
-    drafts = best[:, :num_spec].clone()
-    drafts[1, 1] = (best[1, 1] + 1) % vocab  # mismatch at 1
-    drafts[2, 0] = (best[2, 0] + 1) % vocab  # mismatch at 0
-    n = torch.tensor([3, 3, 3, 1])
-    zero = torch.zeros(4, dtype=torch.int64)
-    tokens, counts = rejection_sample(
-        drafts.to(device), n.to(device), None, target.to(device), torch.zeros(4, device=device),
-        zero.to(device), zero.to(device),
-    )  # fmt: skip
-    b = best.tolist()
-    assert counts.cpu().tolist() == [3, 1, 0, 1]
-    assert tokens.cpu().tolist() == [
-        b[0],
-        [b[1][0], b[1][1], -1, -1],
-        [b[2][0], -1, -1, -1],
-        [b[3][0], b[3][1], -1, -1],
     ]
 
 
@@ -226,18 +203,6 @@ def test_interpreted_kernel_equals_reference(batch, with_probs):
 # ------------------------------------------------------------------ bad inputs
 
 
-def _good():
-    return {
-        "draft_tokens": torch.zeros(2, 3, dtype=torch.int64),
-        "num_draft_tokens": torch.full((2,), 3),
-        "draft_probs": torch.full((2, 3, 10), 0.1),
-        "target_logits": torch.zeros(2, 4, 10),
-        "temperature": torch.ones(2),
-        "seeds": torch.arange(2),
-        "positions": torch.zeros(2, dtype=torch.int64),
-    }
-
-
 @pytest.mark.parametrize(
     "change, argument",
     [
@@ -266,18 +231,18 @@ def _good():
     ],
 )
 def test_bad_input_names_the_argument(change, argument):
-    args = {**_good(), **change}
+    args = {**rejection_inputs(), **change}
     with pytest.raises(ValueError, match=argument):
         rejection_sample(*args.values())
 
 
 def test_bad_salt_names_the_argument():
     with pytest.raises(ValueError, match="salt"):
-        rejection_sample(*_good().values(), salt=-3)
+        rejection_sample(*rejection_inputs().values(), salt=-3)
 
 
 def test_value_checker():
-    good = _good()
+    good = rejection_inputs()
     check_rejection_sample_values(good["draft_tokens"], good["num_draft_tokens"], good["temperature"], 10,
                                   good["draft_probs"])  # fmt: skip
     cases = [

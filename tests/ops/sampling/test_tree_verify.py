@@ -20,6 +20,7 @@ from specdraft.ops.sampling.tree_verify import tree_verify_reference
 
 import specs.tree_verify as spec
 from fixtures.lanes import INTERPRETER
+from fixtures.sampling_inputs import tree_verify_inputs
 from fixtures.tree_batches import TreeBatch, tree_batches
 
 # The interpreter emulates every lane of a kernel in NumPy: half the profile's examples there.
@@ -182,17 +183,6 @@ def test_interpreted_kernel_equals_reference(batch, salt):
 # ------------------------------------------------------------------ bad inputs
 
 
-def _good():
-    return {
-        "tree_tokens": torch.zeros(2, 3, dtype=torch.int64),
-        "parents": torch.tensor([[-1, 0, 0], [-1, 0, 1]]),
-        "target_logits": torch.zeros(2, 3, 10),
-        "temperature": torch.ones(2),
-        "seeds": torch.arange(2),
-        "positions": torch.zeros(2, dtype=torch.int64),
-    }
-
-
 @pytest.mark.parametrize(
     "change, argument",
     [
@@ -212,14 +202,14 @@ def _good():
 )
 def test_bad_input_names_the_argument(change, argument):
     with pytest.raises(ValueError, match=argument):
-        tree_verify(*{**_good(), **change}.values())
+        tree_verify(*{**tree_verify_inputs(), **change}.values())
 
 
 @pytest.mark.parametrize("options, argument", [({"max_depth": 3}, "max_depth"), ({"max_depth": -1}, "max_depth"),
                                                ({"max_depth": 1.0}, "max_depth"), ({"salt": -2}, "salt")])  # fmt: skip
 def test_bad_option_names_the_argument(options, argument):
     with pytest.raises(ValueError, match=argument):
-        tree_verify(*_good().values(), **options)
+        tree_verify(*tree_verify_inputs().values(), **options)
 
 
 @pytest.mark.parametrize(
@@ -234,8 +224,8 @@ def test_bad_option_names_the_argument(options, argument):
     ],
 )
 def test_checked_mode_names_the_value(change, options, message):
-    args = {**_good(), **change}
+    args = {**tree_verify_inputs(), **change}
     with checked(), pytest.raises(ValueError, match=message):
         tree_verify(*args.values(), **options)
     with checked():
-        tree_verify(*_good().values(), max_depth=2)  # the good inputs pass
+        tree_verify(*tree_verify_inputs().values(), max_depth=2)  # the good inputs pass

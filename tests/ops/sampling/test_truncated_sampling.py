@@ -26,6 +26,7 @@ from specdraft.testing import CompileCounts, SamplingBatch, fresh_compile, sampl
 import specs.sampling as spec
 import specs.tree_verify as tree_spec
 from fixtures.lanes import INTERPRETER
+from fixtures.sampling_inputs import rejection_inputs, tree_verify_inputs
 from fixtures.tree_batches import TreeBatch, tree_batches
 
 INF = math.inf
@@ -400,29 +401,6 @@ def test_fullgraph_compile_with_cuts_equals_eager(device):
 # ----------------------------------------------------------------- bad inputs, checked
 
 
-def _chain_inputs():
-    return {
-        "draft_tokens": torch.zeros(2, 3, dtype=torch.int64),
-        "num_draft_tokens": torch.full((2,), 3),
-        "draft_probs": torch.full((2, 3, 10), 0.1),
-        "target_logits": torch.zeros(2, 4, 10),
-        "temperature": torch.ones(2),
-        "seeds": torch.arange(2),
-        "positions": torch.zeros(2, dtype=torch.int64),
-    }
-
-
-def _tree_inputs():
-    return {
-        "tree_tokens": torch.zeros(2, 3, dtype=torch.int64),
-        "parents": torch.tensor([[-1, 0, 0], [-1, 0, 1]]),
-        "target_logits": torch.zeros(2, 3, 10),
-        "temperature": torch.ones(2),
-        "seeds": torch.arange(2),
-        "positions": torch.zeros(2, dtype=torch.int64),
-    }
-
-
 def _draft(cut, **options):
     return draft_sample(torch.zeros(2, 10), torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.int64),
                         logit_cut=cut, **options)  # fmt: skip
@@ -442,9 +420,9 @@ def test_bad_cut_names_the_argument(op, index):
         if op == "draft":
             _draft(cut)
         elif op == "chain":
-            rejection_sample(*_chain_inputs().values(), logit_cut=cut)
+            rejection_sample(*rejection_inputs().values(), logit_cut=cut)
         else:
-            tree_verify(*_tree_inputs().values(), logit_cut=cut)
+            tree_verify(*tree_verify_inputs().values(), logit_cut=cut)
 
 
 @pytest.mark.parametrize(
@@ -457,11 +435,11 @@ def test_checked_mode_refuses_a_cut_that_keeps_nothing(value, message):
     chain_cut = torch.zeros(2, 4)
     chain_cut[1, 2] = value
     with checked(), pytest.raises(ValueError, match=message.replace(r"\[1\]", r"\[1, 2\]")):
-        rejection_sample(*_chain_inputs().values(), logit_cut=chain_cut)
+        rejection_sample(*rejection_inputs().values(), logit_cut=chain_cut)
     tree_cut = torch.zeros(2, 3)
     tree_cut[1, 2] = value
     with checked(), pytest.raises(ValueError, match=message.replace(r"\[1\]", r"\[1, 2\]")):
-        tree_verify(*_tree_inputs().values(), logit_cut=tree_cut)
+        tree_verify(*tree_verify_inputs().values(), logit_cut=tree_cut)
 
 
 def test_checked_mode_accepts_the_edges():
@@ -470,11 +448,11 @@ def test_checked_mode_accepts_the_edges():
         _draft(torch.tensor([-INF, 0.0]))
         draft_sample(torch.zeros(2, 10), torch.tensor([0.0, 1.0]), torch.arange(2), torch.zeros(2, dtype=torch.int64),
                      logit_cut=torch.tensor([5.0, 0.0]))  # fmt: skip
-        chain = _chain_inputs()
+        chain = rejection_inputs()
         chain["target_logits"] = torch.randn(2, 4, 10, generator=torch.Generator().manual_seed(0))
         rows = chain["target_logits"].view(8, 10)
         cut = truncation_cut(rows, torch.ones(8), torch.full((8,), 3, dtype=torch.int32), torch.full((8,), 0.9),
                              torch.full((8,), 0.1)).view(2, 4)  # fmt: skip
         chain["draft_tokens"] = chain["target_logits"][:, :3].argmax(-1)  # drafts with probability > 0
         rejection_sample(*chain.values(), logit_cut=cut)
-        tree_verify(*_tree_inputs().values(), logit_cut=torch.zeros(2, 3))
+        tree_verify(*tree_verify_inputs().values(), logit_cut=torch.zeros(2, 3))

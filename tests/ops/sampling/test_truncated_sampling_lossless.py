@@ -173,9 +173,9 @@ NOT_INTERPRETED = pytest.mark.skipif(
 )
 
 
-def cases(params):
+def cases(params, scenarios=SCENARIOS):
     return pytest.mark.parametrize(
-        "name, temperature, scenario", [(n, t, s) for n in params for t in TEMPERATURES for s in SCENARIOS]
+        "name, temperature, scenario", [(n, t, s) for n in params for t in TEMPERATURES for s in scenarios]
     )
 
 
@@ -268,15 +268,9 @@ def tree_verdicts(params, temperature: float, scenario: str, trials: int, device
     ]
 
 
-def tree_cases(params):
-    return pytest.mark.parametrize(
-        "name, temperature, scenario", [(n, t, s) for n in params for t in TEMPERATURES for s in TREE_SCENARIOS]
-    )
-
-
 @pytest.mark.kernel
 @NOT_INTERPRETED
-@tree_cases(PARAMS)
+@cases(PARAMS, TREE_SCENARIOS)
 def test_tree_first_two_tokens_follow_the_truncated_target(device, name, temperature, scenario):
     for what, ok, measured in tree_verdicts(PARAMS[name], temperature, scenario, CI_TRIALS, device):
         assert ok, f"{what}: {measured}"
@@ -285,7 +279,7 @@ def test_tree_first_two_tokens_follow_the_truncated_target(device, name, tempera
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="slow lane: set SPECDRAFT_SLOW=1")
 @NOT_INTERPRETED
-@tree_cases(SLOW_PARAMS)
+@cases(SLOW_PARAMS, TREE_SCENARIOS)
 def test_tree_first_two_tokens_follow_the_truncated_target_at_full_scale(device, name, temperature, scenario):
     """10**6 trials per case; total variation within 0.005."""
     for what, ok, measured in tree_verdicts(SLOW_PARAMS[name], temperature, scenario, SLOW_TRIALS, device,
