@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdraft.models import PADDING_SLOT_ID, paged_attention, write_kv_cache
+from specdraft.models import PADDING_SLOT_ID, attention, paged_attention, write_kv_cache
 
 
 @dataclass
@@ -136,10 +136,13 @@ def run_step(layout: PagedLayout, inp):
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("form", ["sdpa", "fp32"])  # the models' form; the einsum form benches compare it with
 @given(layout=paged_layouts())
-def test_paged_attention_matches_dense_loop(device, layout):
+def test_paged_attention_matches_dense_loop(device, layout, form):
     inp = make_inputs(layout, device)
-    out = run_step(layout, inp)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "FP32_ATTENTION", form == "fp32")
+        out = run_step(layout, inp)
     torch.testing.assert_close(out.cpu(), spec_attention(layout, inp), rtol=1e-5, atol=1e-5)
 
 

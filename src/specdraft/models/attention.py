@@ -8,16 +8,21 @@ seq_lens rather than by `positions` because M-RoPE positions are not sequence in
 
 Vectorised with two static bounds (Python ints, so the graph has fixed shapes):
 max_query_len Q and max_seq_len L. Queries are laid out padded [B, Q], keys gathered
-per request [B, L] through the block table; scores are [B, heads, Q, L] float32. This
+per request [B, L] through the block table; one scaled_dot_product_attention over them. This
 is the draft-model path (Q is small during drafting); it is not a prefill kernel.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 
 from specdraft.layout import resolve_max_seq_len, window_of
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
+
+FP32_ATTENTION = os.environ.get("SPECDRAFT_ATTENTION") == "fp32"
 
 
 def _padded_queries(query, query_start_loc, max_query_len):
@@ -98,20 +103,41 @@ def paged_attention(
 
 def _attend_visible(q, keys, values, visible, scale):
     """q [B, Q, kv_heads, group, D] over keys / values [B, L, kv_heads, D] where
-    visible [B, Q, L]: [B, Q, kv_heads * group, D] fp32. Keys no query sees are zeroed
-    first (an unwritten slot may hold NaN, and 0 * NaN would leak); a query that sees
-    nothing (padding) gets zeros."""
+    visible [B, Q, L]: [B, Q, kv_heads * group, D] in q's dtype. Keys no query sees
+    are zeroed first (an unwritten slot may hold NaN, and 0 * NaN would leak); a
+    query that sees nothing (padding) gets zeros.
+
+    One scaled_dot_product_attention over the input dtype (its kernels accumulate in
+    fp32): a kv head's `group` query heads are rows of one query matrix [group * Q,
+    D], so no GQA expansion of keys or values and no fp32 copy of q, K or V (the
+    einsum form upcast all three: ~12% of an 8B-shaped verify iteration).
+    SPECDRAFT_ATTENTION=fp32 (read at import) keeps that form, for A/B benches."""
     real = visible.any(1)[:, :, None, None]
-    keys, values = torch.where(real, keys, 0).float(), torch.where(real, values, 0).float()
-    scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys) * scale
+    keys, values = torch.where(real, keys, 0), torch.where(real, values, 0)
+    if FP32_ATTENTION:
+        return _attend_visible_fp32(q, keys, values, visible, scale)
+    batch, num_queries, kv_heads, group, dim = q.shape
+    rows = q.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * num_queries, dim)
+    mask = visible[:, None, None].expand(-1, 1, group, -1, -1).reshape(batch, 1, group * num_queries, -1)
+    out = F.scaled_dot_product_attention(
+        rows, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale
+    )  # [B, kv_heads, group * Q, D]; NaN in rows that see nothing
+    seen = visible.any(-1)[:, :, None, None]  # [B, Q, 1, 1]
+    # .contiguous() before the merge of (kv_heads, group): torch 2.11's nested compile
+    # region traced a reshape here as a view of the producer's layout, which its
+    # fake-tensor pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
+    out = out.view(batch, kv_heads, group, num_queries, dim).permute(0, 3, 1, 2, 4).contiguous()
+    return torch.where(seen, out.view(batch, num_queries, kv_heads * group, dim), 0)
+
+
+def _attend_visible_fp32(q, keys, values, visible, scale):
+    """_attend_visible's einsum form, every operand upcast to fp32."""
+    scores = torch.einsum("bqhgd,blhd->bhgql", q.float(), keys.float()) * scale
     scores = scores.masked_fill(~visible[:, None, None], torch.finfo(torch.float32).min)
     # A row with nothing visible gets uniform weights from softmax; zero them.
     probs = torch.softmax(scores, dim=-1) * visible[:, None, None]
-    # An explicit copy before the merge of (kv_heads, group): torch 2.11's nested compile
-    # region traced a reshape here as a view of the einsum's layout, which its fake-tensor
-    # pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
-    out = torch.einsum("bhgql,blhd->bqhgd", probs, values).clone(memory_format=torch.contiguous_format)
-    return out.view(*out.shape[:2], -1, out.shape[-1])
+    out = torch.einsum("bhgql,blhd->bqhgd", probs, values.float()).clone(memory_format=torch.contiguous_format)
+    return out.view(*out.shape[:2], -1, out.shape[-1]).to(q.dtype)
 
 
 def _grouped(query, kv_heads):
