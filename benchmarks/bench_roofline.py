@@ -4,10 +4,12 @@ over N tokens (with its logits) and the EAGLE-3 head's single-token draft step, 
 a share of device-to-device copy bandwidth (harness.copy_bandwidth_gbs: read +
 write of 1 GiB). Each attention form in the same run, side by side:
 
-- sdpa: the models' attention (specdraft.models.attention: one
-  scaled_dot_product_attention in the input dtype, fp32 accumulation);
-- fp32: the einsum form it replaced, q, K and V upcast to fp32 (the A/B switch
-  attention.FP32_ATTENTION, set before each fresh compile).
+- kernel: the models' attention (specdraft.models.attention over
+  ops.masked_paged_attention: split over the keys, read through their slots);
+- sdpa: its torch reference (the keys gathered, one scaled_dot_product_attention in
+  the input dtype, fp32 accumulation);
+- fp32: the einsum form before both, q, K and V upcast to fp32 (the A/B switch
+  attention.ATTENTION_FORM, set before each fresh compile).
 
 Also the cold compile of each target forward (the first call's wall time, Inductor
 and Triton caches as the machine has them: say which in the row).
@@ -45,7 +47,7 @@ def target_bytes(target, reach: int) -> int:
 
 
 def measure(dev: Device, target, head, num_tokens: int, form: str, profile: bool) -> dict:
-    attention.FP32_ATTENTION = form == "fp32"
+    attention.ATTENTION_FORM = form
     torch._dynamo.reset()
     k = num_tokens - 1
     config = SpeculativeConfig(method="eagle3", num_speculative_tokens=max(k, 1), max_model_len=MAX_MODEL_LEN,
@@ -77,7 +79,7 @@ def main(argv=None) -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, aot_eager: a check of the script")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--forms", nargs="+", default=["sdpa", "fp32"], choices=["sdpa", "fp32"])
+    parser.add_argument("--forms", nargs="+", default=["kernel", "sdpa", "fp32"], choices=["kernel", "sdpa", "fp32"])
     parser.add_argument("--profile", action="store_true", help="log each target forward's kernels (stderr)")
     args = parser.parse_args(argv)
     dev = Device(args.smoke)

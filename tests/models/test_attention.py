@@ -136,12 +136,15 @@ def run_step(layout: PagedLayout, inp):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("form", ["sdpa", "fp32"])  # the models' form; the einsum form benches compare it with
+# The models' form (ops.masked_paged_attention: its kernel in the interpreter and CUDA
+# lanes, its reference on CPU), the reference itself, and the einsum form benches
+# compare them with.
+@pytest.mark.parametrize("form", ["kernel", "sdpa", "fp32"])
 @given(layout=paged_layouts())
 def test_paged_attention_matches_dense_loop(device, layout, form):
     inp = make_inputs(layout, device)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention, "FP32_ATTENTION", form == "fp32")
+        patch.setattr(attention, "ATTENTION_FORM", form)
         out = run_step(layout, inp)
     torch.testing.assert_close(out.cpu(), spec_attention(layout, inp), rtol=1e-5, atol=1e-5)
 

@@ -29,6 +29,7 @@ OPCHECK_TESTS = [
     ("ops.test_budget_keep_compile", "test_opcheck", {}),
     ("ops.test_copy_and_expand_compile", "test_opcheck_every_op", {}),
     ("ops.test_markov_block_compile", "test_opcheck", {}),
+    ("ops.test_paged_attention", "test_opcheck", {}),
     ("ops.test_prepare_inputs_compile", "test_opcheck_every_op", {}),
     ("ops.test_shift_and_cache_compile", "test_opcheck_every_op", {}),
     ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": False}),

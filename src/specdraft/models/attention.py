@@ -8,7 +8,8 @@ seq_lens rather than by `positions` because M-RoPE positions are not sequence in
 
 Vectorised with two static bounds (Python ints, so the graph has fixed shapes):
 max_query_len Q and max_seq_len L. Queries are laid out padded [B, Q], keys gathered
-per request [B, L] through the block table; one scaled_dot_product_attention over them. This
+per request [B, L] through the block table (or, with SPECDRAFT_ATTENTION=kernel,
+ops.masked_paged_attention reads them there, split over the keys). This
 is the draft-model path (Q is small during drafting); it is not a prefill kernel.
 """
 
@@ -21,8 +22,19 @@ import torch.nn.functional as F
 
 from specdraft.layout import resolve_max_seq_len, window_of
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
+from specdraft.ops.paged_attention import masked_paged_attention, masked_paged_attention_reference
 
-FP32_ATTENTION = os.environ.get("SPECDRAFT_ATTENTION") == "fp32"
+# The attention form (read at import; benches set the attribute before a fresh
+# compile): "sdpa" (the default), the keys gathered through the block table and one
+# scaled_dot_product_attention (ops.masked_paged_attention's reference); "kernel",
+# ops.masked_paged_attention's Triton kernels on CUDA (split over the keys, reading
+# the cache through the slots: 7% faster on the 8B-shaped verify, its op tests pass
+# on CUDA, the model suites on CUDA have not run with it yet, so it is opt-in);
+# "fp32", the einsum form before both, q, K and V upcast to fp32. Tree attention
+# over keys outside the cache (the drafter's) takes "sdpa" where the form is "kernel".
+ATTENTION_FORM = os.environ.get("SPECDRAFT_ATTENTION", "sdpa")
+if ATTENTION_FORM not in ("kernel", "sdpa", "fp32"):
+    raise ValueError(f"SPECDRAFT_ATTENTION must be kernel, sdpa or fp32, got {ATTENTION_FORM!r}")
 
 
 def _padded_queries(query, query_start_loc, max_query_len):
@@ -34,18 +46,36 @@ def _padded_queries(query, query_start_loc, max_query_len):
     return token, i[None, :] < lens[:, None], lens
 
 
-def _gathered_keys(kv_cache, block_table, max_seq_len):
-    """[B, L] slot of each request's key l, and the keys and values there."""
+def _key_slots(kv_cache, block_table, max_seq_len):
+    """[L] key positions and [B, L] the flat slot of each request's key l."""
     block_size, num_blocks = kv_cache.shape[2], kv_cache.shape[1]
     key_pos = torch.arange(max_seq_len, device=kv_cache.device)
     blocks = block_table.to(torch.int64).index_select(1, key_pos // block_size)
-    # Entries past a request's last block may hold anything: clamp so the gather stays
-    # in bounds; those keys are masked out below.
-    slots = blocks.clamp(0, num_blocks - 1) * block_size + key_pos % block_size
+    # Entries past a request's last block may hold anything: clamp so every read stays
+    # in bounds; those keys are masked out.
+    return key_pos, blocks.clamp(0, num_blocks - 1) * block_size + key_pos % block_size
+
+
+def _gathered_keys(kv_cache, block_table, max_seq_len):
+    """[L] key positions, and the keys and values [B, L, kv_heads, D] at their slots."""
+    key_pos, slots = _key_slots(kv_cache, block_table, max_seq_len)
     flat = flat_slots(kv_cache)
     keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
     values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
     return key_pos, keys, values
+
+
+def _attend_cache(query, kv_cache, slots, visible, scale):
+    """query [B, Q, heads, D] over the keys at slots [B, L] where visible [B, Q, L], in
+    the form ATTENTION_FORM names: [B, Q, heads, D] in query's dtype."""
+    if ATTENTION_FORM == "kernel":
+        return masked_paged_attention(query, kv_cache, slots, visible, scale)
+    if ATTENTION_FORM == "sdpa":
+        return masked_paged_attention_reference(query, kv_cache, slots, visible, scale)
+    flat = flat_slots(kv_cache)
+    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale)
 
 
 def _scatter_back(out_padded, query_start_loc, num_tokens, max_query_len):
@@ -91,13 +121,13 @@ def paged_attention(
     scale = dim**-0.5 if scale is None else scale
 
     token, q_real, q_lens = _padded_queries(query, query_start_loc, max_query_len)
-    key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
+    key_pos, slots = _key_slots(kv_cache, block_table, max_seq_len)
     lens = seq_lens.to(torch.int64)[:, None]
     k_real = key_pos[None, :] < lens  # [B, L]
     q_index = lens - q_lens[:, None] + torch.arange(max_query_len, device=query.device)[None, :]  # [B, Q]
     visible = k_real[:, None, :] & (key_pos[None, None, :] <= q_index[:, :, None]) & q_real[:, :, None]  # [B, Q, L]
-    q = query.index_select(0, token.reshape(-1)).view(num_reqs, max_query_len, kv_heads, heads // kv_heads, dim)
-    out = _attend_visible(q, keys, values, visible, scale)
+    q = query.index_select(0, token.reshape(-1)).view(num_reqs, max_query_len, heads, dim)
+    out = _attend_cache(q, kv_cache, slots, visible, scale)
     return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)
 
 
@@ -105,16 +135,12 @@ def _attend_visible(q, keys, values, visible, scale):
     """q [B, Q, kv_heads, group, D] over keys / values [B, L, kv_heads, D] where
     visible [B, Q, L]: [B, Q, kv_heads * group, D] in q's dtype. Keys no query sees
     are zeroed first (an unwritten slot may hold NaN, and 0 * NaN would leak); a
-    query that sees nothing (padding) gets zeros.
-
-    One scaled_dot_product_attention over the input dtype (its kernels accumulate in
-    fp32): a kv head's `group` query heads are rows of one query matrix [group * Q,
-    D], so no GQA expansion of keys or values and no fp32 copy of q, K or V (the
-    einsum form upcast all three: ~12% of an 8B-shaped verify iteration).
-    SPECDRAFT_ATTENTION=fp32 (read at import) keeps that form, for A/B benches."""
+    query that sees nothing (padding) gets zeros. One scaled_dot_product_attention
+    (its kernels accumulate in fp32) with a kv head's query heads as rows of one
+    query matrix, or the fp32 einsum form where ATTENTION_FORM is "fp32"."""
     real = visible.any(1)[:, :, None, None]
     keys, values = torch.where(real, keys, 0), torch.where(real, values, 0)
-    if FP32_ATTENTION:
+    if ATTENTION_FORM == "fp32":
         return _attend_visible_fp32(q, keys, values, visible, scale)
     batch, num_queries, kv_heads, group, dim = q.shape
     rows = q.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * num_queries, dim)
@@ -191,9 +217,9 @@ def paged_tree_attention(
     check_kv_cache("kv_cache", kv_cache)
     num_nodes, dim = query.shape[1], query.shape[-1]
     scale = dim**-0.5 if scale is None else scale
-    key_pos, keys, values = _gathered_keys(kv_cache, block_table, max_seq_len)
+    key_pos, slots = _key_slots(kv_cache, block_table, max_seq_len)
     offset = key_pos[None, :] - prefix_lens.to(torch.int64)[:, None]  # [B, L]: tree index of key l
     in_tree = (offset >= 0) & (offset < num_nodes)
     node = offset.clamp(0, num_nodes - 1)[:, None, :].expand(-1, num_nodes, -1)
     visible = (offset < 0)[:, None, :] | (in_tree[:, None, :] & ancestors.gather(2, node))
-    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale).to(query.dtype)
+    return _attend_cache(query, kv_cache, slots, visible, scale).to(query.dtype)
