@@ -10,6 +10,7 @@ with quiet_without_triton():
     from .budget import BudgetKeep, budget_keep
     from .copy_and_expand import ExpandedInputs, copy_and_expand_inputs
     from .markov_block import markov_block_sample
+    from .paged_attention import masked_paged_attention
     from .parallel_drafting import ExtendedQueries, extend_queries_by_n, new_slot_mapping
     from .prepare_eagle import EagleInputs, prepare_eagle_input
     from .prepare_inputs import NextTokens, PaddedInputs, prepare_inputs_padded, prepare_next_token_padded
@@ -51,6 +52,8 @@ __all__ = [
     "AcceptedPath",
     "tree_verify",
     "truncation_cut",
+    # attention over the paged KV cache
+    "masked_paged_attention",
     # block drafters' Markov head
     "markov_block_sample",
     # budgeted verification's allocation
