@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
 from specdraft.layout import resolve_max_seq_len, window_of
 from specdraft.models.kv_cache import check_kv_cache, flat_slots
-from specdraft.ops.paged_attention import masked_paged_attention, masked_paged_attention_reference
+from specdraft.ops.paged_attention import attention_over_keys, masked_paged_attention, masked_paged_attention_reference
 
 # The attention form (read at import; benches set the attribute before a fresh
 # compile): "sdpa" (the default), the keys gathered through the block table and one
@@ -59,23 +58,26 @@ def _key_slots(kv_cache, block_table, max_seq_len):
 def _gathered_keys(kv_cache, block_table, max_seq_len):
     """[L] key positions, and the keys and values [B, L, kv_heads, D] at their slots."""
     key_pos, slots = _key_slots(kv_cache, block_table, max_seq_len)
+    return key_pos, *_gather(kv_cache, slots)
+
+
+def _gather(kv_cache, slots):
+    """The keys and values [B, L, kv_heads, D] at slots [B, L]."""
     flat = flat_slots(kv_cache)
     keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
     values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
-    return key_pos, keys, values
+    return keys, values
 
 
 def _attend_cache(query, kv_cache, slots, visible, scale):
     """query [B, Q, heads, D] over the keys at slots [B, L] where visible [B, Q, L], in
     the form ATTENTION_FORM names: [B, Q, heads, D] in query's dtype."""
+    _grouped(query, kv_cache.shape[3])  # the head-count check
     if ATTENTION_FORM == "kernel":
         return masked_paged_attention(query, kv_cache, slots, visible, scale)
     if ATTENTION_FORM == "sdpa":
         return masked_paged_attention_reference(query, kv_cache, slots, visible, scale)
-    flat = flat_slots(kv_cache)
-    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
-    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
-    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale)
+    return _attend_visible(query, *_gather(kv_cache, slots), visible, scale)
 
 
 def _scatter_back(out_padded, query_start_loc, num_tokens, max_query_len):
@@ -131,29 +133,17 @@ def paged_attention(
     return _scatter_back(out, query_start_loc, num_tokens, max_query_len).to(query.dtype)
 
 
-def _attend_visible(q, keys, values, visible, scale):
-    """q [B, Q, kv_heads, group, D] over keys / values [B, L, kv_heads, D] where
-    visible [B, Q, L]: [B, Q, kv_heads * group, D] in q's dtype. Keys no query sees
-    are zeroed first (an unwritten slot may hold NaN, and 0 * NaN would leak); a
-    query that sees nothing (padding) gets zeros. One scaled_dot_product_attention
-    (its kernels accumulate in fp32) with a kv head's query heads as rows of one
-    query matrix, or the fp32 einsum form where ATTENTION_FORM is "fp32"."""
+def _attend_visible(query, keys, values, visible, scale):
+    """query [B, Q, heads, D] over keys / values [B, L, kv_heads, D] where visible [B,
+    Q, L]: [B, Q, heads, D] in query's dtype; a query that sees nothing gets zeros.
+    ops.paged_attention.attention_over_keys, or the fp32 einsum form where
+    ATTENTION_FORM is "fp32"."""
+    if ATTENTION_FORM != "fp32":
+        return attention_over_keys(query, keys, values, visible, scale)
+    # Keys no query sees are zeroed: an unwritten slot may hold NaN, and 0 * NaN would leak.
     real = visible.any(1)[:, :, None, None]
     keys, values = torch.where(real, keys, 0), torch.where(real, values, 0)
-    if ATTENTION_FORM == "fp32":
-        return _attend_visible_fp32(q, keys, values, visible, scale)
-    batch, num_queries, kv_heads, group, dim = q.shape
-    rows = q.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * num_queries, dim)
-    mask = visible[:, None, None].expand(-1, 1, group, -1, -1).reshape(batch, 1, group * num_queries, -1)
-    out = F.scaled_dot_product_attention(
-        rows, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale
-    )  # [B, kv_heads, group * Q, D]; NaN in rows that see nothing
-    seen = visible.any(-1)[:, :, None, None]  # [B, Q, 1, 1]
-    # .contiguous() before the merge of (kv_heads, group): torch 2.11's nested compile
-    # region traced a reshape here as a view of the producer's layout, which its
-    # fake-tensor pass then saw with other strides on CUDA (B = 1: "Cannot view a tensor").
-    out = out.view(batch, kv_heads, group, num_queries, dim).permute(0, 3, 1, 2, 4).contiguous()
-    return torch.where(seen, out.view(batch, num_queries, kv_heads * group, dim), 0)
+    return _attend_visible_fp32(_grouped(query, keys.shape[2]), keys, values, visible, scale)
 
 
 def _attend_visible_fp32(q, keys, values, visible, scale):
@@ -167,6 +157,8 @@ def _attend_visible_fp32(q, keys, values, visible, scale):
 
 
 def _grouped(query, kv_heads):
+    """query [B, Q, heads, D] as [B, Q, kv_heads, group, D]; a ValueError naming the
+    heads where heads is not a multiple of kv_heads."""
     batch, num_queries, heads, dim = query.shape
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of the cache's kv_heads ({kv_heads})")
@@ -197,7 +189,8 @@ def prefix_and_tree_attention(
     prefix = (key_pos[None, :] < seq_lens.to(torch.int64)[:, None])[:, None, :].expand(-1, query.shape[1], -1)
     visible = torch.cat([prefix, tree_visible], dim=2)
     keys, values = torch.cat([keys, tree_keys], dim=1), torch.cat([values, tree_values], dim=1)
-    return _attend_visible(_grouped(query, kv_cache.shape[3]), keys, values, visible, scale).to(query.dtype)
+    _grouped(query, kv_cache.shape[3])  # the head-count check
+    return _attend_visible(query, keys, values, visible, scale).to(query.dtype)
 
 
 def paged_tree_attention(

@@ -14,6 +14,6 @@ and its public wrapper).
 """
 
 from .op import masked_paged_attention
-from .reference import masked_paged_attention_reference
+from .reference import attention_over_keys, masked_paged_attention_reference
 
-__all__ = ["masked_paged_attention", "masked_paged_attention_reference"]
+__all__ = ["attention_over_keys", "masked_paged_attention", "masked_paged_attention_reference"]

@@ -1,7 +1,8 @@
 """The torch reference of `masked_paged_attention`: the CPU path and the kernels'
 oracle. Gathers each request's keys and values through their slots, then one
 scaled_dot_product_attention (a kv head's query heads as rows of one query
-matrix)."""
+matrix): attention_over_keys, which the models' tree attention over keys outside
+the cache calls too."""
 
 import torch
 import torch.nn.functional as F
@@ -10,12 +11,23 @@ import torch.nn.functional as F
 def masked_paged_attention_reference(
     query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    batch, num_queries, heads, dim = query.shape
-    kv_heads = kv_cache.shape[3]
-    group = heads // kv_heads
+    kv_heads, dim = kv_cache.shape[3], kv_cache.shape[4]
     flat = kv_cache.flatten(1, 2)  # [2, slots, kv_heads, D]
     keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
     values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
+    return attention_over_keys(query, keys, values, visible, scale)
+
+
+def attention_over_keys(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """query [B, Q, heads, D] over keys / values [B, L, kv_heads, D] where visible [B,
+    Q, L]: [B, Q, heads, D] in query's dtype; a query that sees nothing gets zeros.
+    One scaled_dot_product_attention (its kernels accumulate in fp32) with a kv
+    head's query heads as rows of one query matrix: no GQA expansion."""
+    batch, num_queries, heads, dim = query.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
     # Keys no query sees are zeroed: an unwritten slot may hold NaN, and 0 * NaN would leak.
     seen = visible.any(1)[:, :, None, None]
     keys, values = torch.where(seen, keys, 0), torch.where(seen, values, 0)
