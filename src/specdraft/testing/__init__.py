@@ -27,6 +27,7 @@ _VALUE_CHECKERS = {
     "check_extend_queries_values": "specdraft.ops.parallel_drafting",
     "check_logit_cut_values": "specdraft.ops.sampling.draft",
     "check_markov_block_sample_values": "specdraft.ops.markov_block.op",
+    "check_masked_paged_attention_values": "specdraft.ops.paged_attention.op",
     "check_new_slot_mapping_values": "specdraft.ops.parallel_drafting",
     "check_next_token_values": "specdraft.ops.prepare_inputs",
     "check_rejection_sample_values": "specdraft.ops.sampling.rejection",

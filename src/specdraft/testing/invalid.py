@@ -11,6 +11,7 @@ outside its tensors: `OpCase.run(device, guard=g)` places every buffer the op
 writes inside a larger one with g sentinel rows on each side and reports whether
 they survived (op_case.py). The tree ops' cases: invalid_trees.py;
 markov_block_sample's: invalid_markov.py; budget_keep's: invalid_budget.py;
+masked_paged_attention's: invalid_attention.py;
 truncation_cut's: invalid_truncation.py; proposer-level cases: invalid_batches.py.
 
 Values reach far outside the valid ranges now and then (up to 2**30), so that
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from specdraft.testing.batch import rejection_layouts, step_layouts
 from specdraft.testing.expand import expand_layouts
+from specdraft.testing.invalid_attention import ATTENTION_RULES, invalid_attention_cases
 from specdraft.testing.invalid_budget import BUDGET_RULES, invalid_budget_cases
 from specdraft.testing.invalid_markov import MARKOV_RULES, invalid_markov_cases
 from specdraft.testing.invalid_trees import TREE_RULES, invalid_tree_cases
@@ -333,6 +335,7 @@ FAMILIES = (
     (MARKOV_RULES, invalid_markov_cases),
     (BUDGET_RULES, invalid_budget_cases),
     (TRUNCATION_RULES, invalid_truncation_cases),
+    (ATTENTION_RULES, invalid_attention_cases),
 )
 OP_RULES = {op: rules for table, _ in FAMILIES for op, rules in table.items()}
 

@@ -13,7 +13,12 @@ scaled_dot_product_attention: the CPU path and the oracle), op.py (the registere
 and its public wrapper).
 """
 
-from .op import masked_paged_attention
+from .op import check_masked_paged_attention_values, masked_paged_attention
 from .reference import attention_over_keys, masked_paged_attention_reference
 
-__all__ = ["attention_over_keys", "masked_paged_attention", "masked_paged_attention_reference"]
+__all__ = [
+    "attention_over_keys",
+    "check_masked_paged_attention_values",
+    "masked_paged_attention",
+    "masked_paged_attention_reference",
+]

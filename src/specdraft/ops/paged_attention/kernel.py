@@ -21,7 +21,7 @@ from ..backend import tl, triton
 @triton.jit
 def split_kernel(
     q_ptr, cache_ptr, slots_ptr, visible_ptr, out_ptr, stats_ptr,
-    num_queries, kv_heads, group, seq_len, head_dim, scale,
+    num_queries, kv_heads, group, seq_len, head_dim, scale, num_slots,
     q_stride_b, q_stride_q, q_stride_h,
     cache_stride_kv, cache_stride_slot, cache_stride_head,
     slots_stride_b, visible_stride_b, visible_stride_q,
@@ -56,6 +56,7 @@ def split_kernel(
                        mask=row_ok[:, None] & key_ok[None, :], other=0) != 0  # fmt: skip
         seen = tl.max(sees.to(tl.int32), 0) > 0
         slot = tl.load(slots_ptr + b * slots_stride_b + keys, mask=seen, other=0)
+        slot = tl.minimum(tl.maximum(slot, 0), num_slots - 1)  # a contract violation reads inside the cache
         at = slot[:, None] * cache_stride_slot + kv_head * cache_stride_head + dims[None, :]
         load_ok = seen[:, None] & dim_ok[None, :]
         k = tl.load(cache_ptr + at, mask=load_ok, other=0.0)

@@ -4,6 +4,9 @@ run kernel.py's kernels, CPU tensors reference.py's torch."""
 import torch
 from torch.library import triton_op, wrap_triton
 
+from specdraft.checked_mode import is_checked
+from specdraft.value_checks import check_in_range
+
 from ..backend import NAMESPACE, TRITON_INTERPRET, triton, use_triton
 from .kernel import combine_kernel, split_kernel
 from .reference import masked_paged_attention_reference
@@ -43,7 +46,7 @@ def _masked_paged_attention_op(
     ieee = query.dtype == torch.float32
     wrap_triton(split_kernel)[(batch * kv_heads, row_blocks, splits)](
         query, kv_cache, slots, visible, parts, stats,
-        num_queries, kv_heads, group, seq_len, dim, scale,
+        num_queries, kv_heads, group, seq_len, dim, scale, kv_cache.shape[1] * kv_cache.shape[2],
         query.stride(0), query.stride(1), query.stride(2),
         kv_cache.stride(0), kv_cache.stride(2), kv_cache.stride(3),
         slots.stride(0), visible.stride(0), visible.stride(1),
@@ -69,7 +72,9 @@ def masked_paged_attention(
     kv_cache [2, num_blocks, block_size, kv_heads, D] at slots [B, L] (flat slot =
     block * block_size + offset, each in bounds), query q of request b seeing key l
     where visible[b, q, l]. Returns [B, Q, heads, D] in query's dtype; a query that
-    sees no key gets zeros. GQA when heads is a multiple of kv_heads."""
+    sees no key gets zeros. GQA when heads is a multiple of kv_heads. A slot outside
+    [0, num_blocks * block_size) is a contract violation (checked mode refuses it),
+    which the op clamps into the cache."""
     if query.dim() != 4 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(
             f"query must be [B, Q, heads, D] and kv_cache [2, num_blocks, block_size, kv_heads, D], got "
@@ -88,4 +93,14 @@ def masked_paged_attention(
         raise ValueError(f"kv_cache's dtype must be query's ({query.dtype}), got {kv_cache.dtype}")
     if kv_cache.stride(1) != kv_cache.shape[2] * kv_cache.stride(2) or kv_cache.stride(4) != 1:
         raise ValueError("kv_cache's blocks must be contiguous slots (flat slot = block * block_size + offset)")
+    if is_checked():
+        check_masked_paged_attention_values(kv_cache, slots)
     return _masked_paged_attention_op(query.contiguous(), kv_cache, slots.contiguous(), visible.contiguous(), scale)
+
+
+# --------------------------------------------- checked mode's value checks (syncs)
+
+
+def check_masked_paged_attention_values(kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """masked_paged_attention: every slot inside the cache."""
+    check_in_range("slots", slots, 0, kv_cache.shape[1] * kv_cache.shape[2])

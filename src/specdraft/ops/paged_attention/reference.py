@@ -13,6 +13,7 @@ def masked_paged_attention_reference(
 ) -> torch.Tensor:
     kv_heads, dim = kv_cache.shape[3], kv_cache.shape[4]
     flat = kv_cache.flatten(1, 2)  # [2, slots, kv_heads, D]
+    slots = slots.clamp(0, flat.shape[1] - 1)  # a contract violation reads inside the cache, as the kernel
     keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
     values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
     return attention_over_keys(query, keys, values, visible, scale)
