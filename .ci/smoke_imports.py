@@ -25,6 +25,7 @@ NEEDS_EXTRA = {
     "specdraft.testing.expand": "hypothesis",
     "specdraft.testing.invalid": "hypothesis",
     "specdraft.testing.invalid_batches": "hypothesis",
+    "specdraft.testing.invalid_attention": "hypothesis",
     "specdraft.testing.invalid_budget": "hypothesis",
     "specdraft.testing.invalid_truncation": "hypothesis",
     "specdraft.testing.invalid_markov": "hypothesis",
