@@ -26,7 +26,7 @@ import argparse
 import time
 
 import torch
-from bench_generate import BLOCK_SIZE, Device, build_8b, floor_fns, kernel_list, log, table
+from bench_generate import BLOCK_SIZE, Device, build_8b, floor_fns, kernel_list, log, step_weight_bytes, table
 from record import append_table
 
 from specdraft.config import SpeculativeConfig
@@ -84,8 +84,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     dev = Device(args.smoke)
     target, head = build_8b(dev, 2 if args.smoke else args.layers, 256 if args.smoke else 32000)
-    step_bytes = sum(p.numel() * p.element_size() for m in (head.midlayer, head.norm, head.lm_head)
-                     for p in m.parameters())  # fmt: skip
+    step_bytes = step_weight_bytes(head)
     copy = None
     if not dev.smoke:
         from harness import copy_bandwidth_gbs

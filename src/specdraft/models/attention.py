@@ -20,8 +20,13 @@ import os
 import torch
 
 from specdraft.layout import resolve_max_seq_len, window_of
-from specdraft.models.kv_cache import check_kv_cache, flat_slots
-from specdraft.ops.paged_attention import attention_over_keys, masked_paged_attention, masked_paged_attention_reference
+from specdraft.models.kv_cache import check_kv_cache
+from specdraft.ops.paged_attention import (
+    attention_over_keys,
+    gather_slots,
+    masked_paged_attention,
+    masked_paged_attention_reference,
+)
 
 # The attention form (read at import; benches set the attribute before a fresh
 # compile): "sdpa" (the default), the keys gathered through the block table and one
@@ -58,26 +63,18 @@ def _key_slots(kv_cache, block_table, max_seq_len):
 def _gathered_keys(kv_cache, block_table, max_seq_len):
     """[L] key positions, and the keys and values [B, L, kv_heads, D] at their slots."""
     key_pos, slots = _key_slots(kv_cache, block_table, max_seq_len)
-    return key_pos, *_gather(kv_cache, slots)
-
-
-def _gather(kv_cache, slots):
-    """The keys and values [B, L, kv_heads, D] at slots [B, L]."""
-    flat = flat_slots(kv_cache)
-    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
-    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
-    return keys, values
+    return key_pos, *gather_slots(kv_cache, slots)
 
 
 def _attend_cache(query, kv_cache, slots, visible, scale):
     """query [B, Q, heads, D] over the keys at slots [B, L] where visible [B, Q, L], in
     the form ATTENTION_FORM names: [B, Q, heads, D] in query's dtype."""
-    _grouped(query, kv_cache.shape[3])  # the head-count check
+    _grouped(query, kv_cache.shape[3])  # a ValueError where heads is not a multiple of kv_heads
     if ATTENTION_FORM == "kernel":
         return masked_paged_attention(query, kv_cache, slots, visible, scale)
     if ATTENTION_FORM == "sdpa":
         return masked_paged_attention_reference(query, kv_cache, slots, visible, scale)
-    return _attend_visible(query, *_gather(kv_cache, slots), visible, scale)
+    return _attend_visible(query, *gather_slots(kv_cache, slots), visible, scale)
 
 
 def _scatter_back(out_padded, query_start_loc, num_tokens, max_query_len):
@@ -138,12 +135,13 @@ def _attend_visible(query, keys, values, visible, scale):
     Q, L]: [B, Q, heads, D] in query's dtype; a query that sees nothing gets zeros.
     ops.paged_attention.attention_over_keys, or the fp32 einsum form where
     ATTENTION_FORM is "fp32"."""
+    grouped = _grouped(query, keys.shape[2])  # a ValueError where heads is not a multiple of kv_heads
     if ATTENTION_FORM != "fp32":
         return attention_over_keys(query, keys, values, visible, scale)
     # Keys no query sees are zeroed: an unwritten slot may hold NaN, and 0 * NaN would leak.
     real = visible.any(1)[:, :, None, None]
     keys, values = torch.where(real, keys, 0), torch.where(real, values, 0)
-    return _attend_visible_fp32(_grouped(query, keys.shape[2]), keys, values, visible, scale)
+    return _attend_visible_fp32(grouped, keys, values, visible, scale)
 
 
 def _attend_visible_fp32(q, keys, values, visible, scale):
@@ -189,7 +187,6 @@ def prefix_and_tree_attention(
     prefix = (key_pos[None, :] < seq_lens.to(torch.int64)[:, None])[:, None, :].expand(-1, query.shape[1], -1)
     visible = torch.cat([prefix, tree_visible], dim=2)
     keys, values = torch.cat([keys, tree_keys], dim=1), torch.cat([values, tree_values], dim=1)
-    _grouped(query, kv_cache.shape[3])  # the head-count check
     return _attend_visible(query, keys, values, visible, scale).to(query.dtype)
 
 

@@ -14,11 +14,12 @@ and its public wrapper).
 """
 
 from .op import check_masked_paged_attention_values, masked_paged_attention
-from .reference import attention_over_keys, masked_paged_attention_reference
+from .reference import attention_over_keys, gather_slots, masked_paged_attention_reference
 
 __all__ = [
     "attention_over_keys",
     "check_masked_paged_attention_values",
+    "gather_slots",
     "masked_paged_attention",
     "masked_paged_attention_reference",
 ]

@@ -11,12 +11,18 @@ import torch.nn.functional as F
 def masked_paged_attention_reference(
     query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, visible: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    kv_heads, dim = kv_cache.shape[3], kv_cache.shape[4]
+    # A contract violation reads inside the cache, as the kernel does.
+    slots = slots.clamp(0, kv_cache.shape[1] * kv_cache.shape[2] - 1)
+    return attention_over_keys(query, *gather_slots(kv_cache, slots), visible, scale)
+
+
+def gather_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values [B, L, kv_heads, D] of kv_cache [2, num_blocks, block_size,
+    kv_heads, D] at flat slots [B, L] (each in bounds)."""
     flat = kv_cache.flatten(1, 2)  # [2, slots, kv_heads, D]
-    slots = slots.clamp(0, flat.shape[1] - 1)  # a contract violation reads inside the cache, as the kernel
-    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
-    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, kv_heads, dim)
-    return attention_over_keys(query, keys, values, visible, scale)
+    keys = flat[0].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    values = flat[1].index_select(0, slots.reshape(-1)).view(*slots.shape, *flat.shape[2:])
+    return keys, values
 
 
 def attention_over_keys(
