@@ -119,3 +119,52 @@ def test_bad_arguments_name_themselves():
     for name, args in bad:
         with pytest.raises(ValueError, match=name):
             masked_paged_attention(*args, scale)
+
+
+@pytest.mark.kernel
+def test_no_keys_gives_zeros(device):
+    query, cache, slots, visible, scale = make_case(SHAPES[1], seed=4, device=device)
+    got = masked_paged_attention(query, cache, slots[:, :0], visible[:, :, :0], scale)
+    assert torch.equal(got, torch.zeros_like(query))
+
+
+def test_launch_shape_stays_concrete_under_dynamic_sizes():
+    """The CUDA launch geometry from SymInts, as Dynamo hands it under dynamic shapes
+    with backed_size_oblivious (an engine's setting): the tiles (constexprs) come out
+    as ints, the counts as plain arithmetic of the sizes, with no bitwise expression
+    (triton.next_power_of_2 on a SymInt built one, which failed the compiled
+    autoregressive proposer on CUDA), and both equal the arithmetic on plain ints."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental import _config as shape_config
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from specdraft.ops.paged_attention.op import MAX_ROWS, SPLIT_LEN, launch_shape
+
+    def expected(num_queries, heads, kv_heads, seq_len, dim):
+        rows = min(MAX_ROWS, max(16, 2 ** math.ceil(math.log2(heads // kv_heads * num_queries))))
+        return rows, math.ceil(heads // kv_heads * num_queries / rows), math.ceil(seq_len / SPLIT_LEN), \
+            max(16, 2 ** math.ceil(math.log2(dim)))  # fmt: skip
+
+    for num_queries, heads, kv_heads, seq_len, dim in [(9, 4, 2, 9, 8), (1, 32, 8, 1040, 128), (20, 4, 1, 300, 24)]:
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 3)
+        with shape_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+            sizes = mode.from_tensor(torch.empty(num_queries, seq_len, dim), symbolic_context=dynamic).shape
+            got = launch_shape(sizes[0], heads, kv_heads, sizes[1], sizes[2])
+        assert isinstance(got[0], int) and isinstance(got[3], int)
+        assert not any("bitwise" in str(count).lower() for count in got[1:3])
+        assert [int(value) for value in got] == list(expected(num_queries, heads, kv_heads, seq_len, dim))
+
+
+def test_dynamic_sizes_compile_without_breaks(device):
+    """Batch and key counts change under one dynamic=True graph with the settings an
+    engine uses; every result equals the plain loop."""
+    compiled = fresh_compile(masked_paged_attention, fullgraph=True, dynamic=True, backend="aot_eager")
+    with (
+        torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False),
+        CompileCounts.measure() as counts,
+    ):
+        for batch, seq_len in [(1, 9), (3, 37), (2, 150)]:
+            args = make_case((batch, 3, 2, 2, 8, seq_len, 4), seed=batch, device=device)
+            torch.testing.assert_close(compiled(*args).cpu().double(), oracle(*args), rtol=1e-5, atol=1e-5)
+    assert counts.graph_breaks == 0
