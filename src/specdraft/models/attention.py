@@ -8,8 +8,8 @@ seq_lens rather than by `positions` because M-RoPE positions are not sequence in
 
 Vectorised with two static bounds (Python ints, so the graph has fixed shapes):
 max_query_len Q and max_seq_len L. Queries are laid out padded [B, Q], keys gathered
-per request [B, L] through the block table (or, with SPECDRAFT_ATTENTION=kernel,
-ops.masked_paged_attention reads them there, split over the keys). This
+per request [B, L] through the block table: ops.masked_paged_attention reads them
+there, split over the keys (its Triton kernels on CUDA, its torch reference on CPU). This
 is the draft-model path (Q is small during drafting); it is not a prefill kernel.
 """
 
@@ -29,14 +29,14 @@ from specdraft.ops.paged_attention import (
 )
 
 # The attention form (read at import; benches set the attribute before a fresh
-# compile): "sdpa" (the default), the keys gathered through the block table and one
-# scaled_dot_product_attention (ops.masked_paged_attention's reference); "kernel",
-# ops.masked_paged_attention's Triton kernels on CUDA (split over the keys, reading
-# the cache through the slots: 7% faster on the 8B-shaped verify, its op tests pass
-# on CUDA, the model suites on CUDA have not run with it yet, so it is opt-in);
-# "fp32", the einsum form before both, q, K and V upcast to fp32. Tree attention
-# over keys outside the cache (the drafter's) takes "sdpa" where the form is "kernel".
-ATTENTION_FORM = os.environ.get("SPECDRAFT_ATTENTION", "sdpa")
+# compile): "kernel" (the default), ops.masked_paged_attention, which on CUDA runs
+# Triton kernels split over the keys that read the cache through the slots (the
+# 8B-shaped verify forward 6-10% faster than "sdpa" on an H200, benchmarks/README.md)
+# and on CPU its torch reference, which is the "sdpa" form; "sdpa", the keys gathered
+# through the block table and one scaled_dot_product_attention; "fp32", the einsum
+# form before both, q, K and V upcast to fp32. Tree attention over keys outside the
+# cache (the drafter's) takes "sdpa" where the form is "kernel".
+ATTENTION_FORM = os.environ.get("SPECDRAFT_ATTENTION", "kernel")
 if ATTENTION_FORM not in ("kernel", "sdpa", "fp32"):
     raise ValueError(f"SPECDRAFT_ATTENTION must be kernel, sdpa or fp32, got {ATTENTION_FORM!r}")
 
