@@ -30,6 +30,7 @@ from record import append_rows
 
 from specdraft.config import SamplingParams
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
+from specdraft.models import attention
 from specdraft.proposers import TreeShape
 
 
@@ -147,7 +148,13 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"device": name, "plain_decode_tokens_per_s": plain_rate, "rows": rows}, f, indent=1)
     if not args.smoke:
-        config = {"B": 1, "temperature": args.temperature, "eager": compile is False, "max_new_tokens": max_new}
+        config = {
+            "B": 1,
+            "temperature": args.temperature,
+            "eager": compile is False,
+            "max_new_tokens": max_new,
+            "attention": attention.ATTENTION_FORM,
+        }  # SPECDRAFT_ATTENTION; rows before it ran "sdpa" or "fp32"
         append_rows("tree", [({**{k: r[k] for k in CONFIG_KEYS}, **config},
                               {**{k: v for k, v in r.items() if k not in CONFIG_KEYS},
                                "plain_decode_tokens_per_s": plain_rate}) for r in rows], device=name)  # fmt: skip

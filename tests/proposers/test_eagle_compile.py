@@ -3,7 +3,7 @@ break, for EagleProposer x {greedy, probabilistic} x {1-D, M-RoPE} x {plain,
 padded, unpadded, parallel drafting}; with dynamic=True, one compile serves batch
 sizes 1, 3, 17, 64.
 
-The matrix compiles with backend="aot_eager" (Dynamo fullgraph tracing plus AOT
+The matrix (pairwise in CI, whole nightly: tests/fixtures/matrix.py) compiles with backend="aot_eager" (Dynamo fullgraph tracing plus AOT
 functionalization of every custom op: everything but Inductor's codegen), which
 keeps this suite within CI's time on 2 cores; representative cases compile with
 Inductor too.
@@ -20,6 +20,7 @@ from specdraft.testing import CompileCounts, fresh_compile
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, make_head
+from fixtures.matrix import case_ids, pairwise
 
 BLOCK_SIZE = 4
 
@@ -101,10 +102,12 @@ def run_both(method, sampling, mrope, path, device, backend, k=3, num_blocks=Non
     return code and ("\n".join(code), compiled.kv_caches[0].numel())
 
 
-@pytest.mark.parametrize("path", ["plain", "padded", "unpadded", "parallel"])
-@pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
-@pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
+# Pairwise in CI (12 of the 48 cases; fixtures/matrix.py), the whole product nightly.
+MATRIX = pairwise(["eagle", "eagle3", "mtp"], ["greedy", "probabilistic"], [False, True],
+                  ["plain", "padded", "unpadded", "parallel"])  # fmt: skip
+
+
+@pytest.mark.parametrize("method, sampling, mrope, path", MATRIX, ids=case_ids(MATRIX))
 def test_fullgraph_matrix_aot_eager(device, method, sampling, mrope, path):
     run_both(method, sampling, mrope, path, device, backend="aot_eager")
 

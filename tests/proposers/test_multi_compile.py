@@ -3,7 +3,8 @@ MultiLayerEagleProposer and MultiGroupMTPProposer (tokens identical, probs close
 KV caches and the shift cache close), with no graph break and one compile; with
 dynamic=True one graph serves batch sizes 1, 3, 17 and 64.
 
-The greedy/probabilistic x 1-D/M-RoPE matrix compiles with backend="aot_eager"
+The greedy/probabilistic x 1-D/M-RoPE matrix (pairwise in CI, whole nightly:
+tests/fixtures/matrix.py) compiles with backend="aot_eager"
 (Dynamo fullgraph tracing plus AOT functionalization of every custom op, including
 the in-place shift-cache refresh and step_metadata), one case per proposer with
 Inductor. The compiled call is a continuation with rejected tokens, after an eager
@@ -21,6 +22,7 @@ from specdraft.testing import CompileCounts, fresh_compile
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB
+from fixtures.matrix import case_ids, pairwise
 from fixtures.multi_proposers import (
     MG_K,
     MG_LAYERS,
@@ -110,10 +112,11 @@ def run_multi_group(sampling, mrope, device, backend, path="padded"):
     assert counts.compiles == 1
 
 
-@pytest.mark.parametrize("path", ["padded", "unpadded"])
-@pytest.mark.parametrize("mrope", [False, True], ids=["1d", "mrope"])
-@pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
-@pytest.mark.parametrize("which", ["multi_layer", "multi_group"])
+# Pairwise in CI (6 of the 16 cases; fixtures/matrix.py), the whole product nightly.
+MATRIX = pairwise(["multi_layer", "multi_group"], ["greedy", "probabilistic"], [False, True], ["padded", "unpadded"])
+
+
+@pytest.mark.parametrize("which, sampling, mrope, path", MATRIX, ids=case_ids(MATRIX))
 def test_fullgraph_matrix_aot_eager(device, which, sampling, mrope, path):
     run = run_multi_layer if which == "multi_layer" else run_multi_group
     run(sampling, mrope, device, backend="aot_eager", path=path)
