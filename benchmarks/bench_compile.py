@@ -11,7 +11,10 @@ verify + rejection sampling + the padded propose), at the demo's sizes (the ship
 Each measurement runs in a fresh process. cold: an empty Inductor / Triton cache
 folder (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under a new temp folder); warm: a
 second process on the folder the cold one filled (FX graph cache and AOTAutograd
-cache, on by default). Compile time = the first compiled call (Dynamo trace, AOT,
+cache, on by default); from artifacts (--artifacts): a third process on a new, empty
+cache folder that first loads the file the cold one wrote with
+torch.compiler.save_cache_artifacts (torch.compiler.load_cache_artifacts: how
+compiled code moves to another machine or container). Compile time = the first compiled call (Dynamo trace, AOT,
 Inductor codegen, kernel builds) minus nothing: one execution of a few ms is
 included. Split: Dynamo (tracing), backend (AOT + Inductor, of which the wait for
 the C++ / Triton kernel builds). With Inductor's CPU defaults the first compile of
@@ -76,7 +79,8 @@ def first_compile_of_the_process(device: str, options) -> float:
     return time.perf_counter() - start
 
 
-def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile: bool) -> dict:
+def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile: bool,
+          save_to: str | None = None, load_from: str | None = None) -> dict:  # fmt: skip
     import torch
 
     from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -95,6 +99,11 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
     decoder = plain if what == "plain iteration" else spec
     prompts, requests = decoder.requests(prompts, 32, None, None)
     report["stack_s"] = first_compile_of_the_process(device, options)
+    if load_from:
+        with open(load_from, "rb") as f:
+            start = time.perf_counter()
+            torch.compiler.load_cache_artifacts(f.read())
+            report["load_s"] = time.perf_counter() - start
     proposer = spec.proposer
     if what == "probabilistic propose":  # seeded Gumbel drafts with their probabilities, at temperature 0.7
         import dataclasses
@@ -132,6 +141,11 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
         call()
         sync()
         report["compile_s"] = time.perf_counter() - start
+    if save_to:
+        artifacts = torch.compiler.save_cache_artifacts()
+        with open(save_to, "wb") as f:
+            f.write(artifacts[0] if artifacts else b"")
+        report["artifact_bytes"] = os.path.getsize(save_to)
     from torch._dynamo.utils import compilation_time_metrics as metrics
 
     def top(key):  # the outermost of nested timings of one key
@@ -143,13 +157,17 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
     return report
 
 
-def measure(what: str, args, cache: str) -> dict:
+def measure(what: str, args, cache: str, save_to: str | None = None, load_from: str | None = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"))
     cmd = [sys.executable, __file__, CHILD, what, "--device", args.device, "--k", str(args.k), "--shape", args.shape]
     if args.inductor_defaults:
         cmd.append("--inductor-defaults")
     if args.precompile:
         cmd.append("--precompile")
+    if save_to:
+        cmd += ["--save-artifacts", save_to]
+    if load_from:
+        cmd += ["--load-artifacts", load_from]
     load = os.getloadavg()[0]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -172,10 +190,15 @@ def main(argv=None) -> None:
     parser.add_argument("--inductor-defaults", action="store_true", help="plain torch.compile, not the demo's options")
     parser.add_argument("--shape", choices=["demo", "8b"], default="demo", help="the demo pair or 8B-shaped models")
     parser.add_argument("--precompile", action="store_true", help="torch._dynamo.config.caching_precompile = True")
+    parser.add_argument("--artifacts", action="store_true", help="also compile from the cold run's saved artifacts, "
+                        "in a new cache folder (torch.compiler.save_cache_artifacts / load_cache_artifacts)")  # fmt: skip
     parser.add_argument(CHILD, dest="child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--save-artifacts", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--load-artifacts", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults, args.shape, args.precompile)))
+        print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults, args.shape, args.precompile,
+                               args.save_artifacts, args.load_artifacts)))  # fmt: skip
         return
 
     import torch
@@ -202,15 +225,23 @@ def main(argv=None) -> None:
         "warm backend s",
         "load (cold / warm)",
     ]
+    if args.artifacts:
+        headers += ["from artifacts s", "artifacts MB", "artifact load s"]
     rows = []
     for what in args.what:
         with tempfile.TemporaryDirectory(prefix="specdraft-compile-") as cache:
-            cold = measure(what, args, cache)
+            saved = os.path.join(cache, "artifacts.bin") if args.artifacts else None
+            cold = measure(what, args, cache, save_to=saved)
             warm = measure(what, args, cache)
+            if args.artifacts:
+                with tempfile.TemporaryDirectory(prefix="specdraft-compile-") as fresh:
+                    loaded = measure(what, args, fresh, load_from=saved)
         rows.append([what, fmt(cold, "compile_s"), fmt(cold, "dynamo_s"), fmt(cold, "backend_s"),
                      fmt(cold, "kernel_wait_s"), fmt(warm, "compile_s"),
                      f"{cold['stack_s']:.1f} / {warm['stack_s']:.1f}", fmt(warm, "dynamo_s"), fmt(warm, "backend_s"),
                      f"{cold['load']:.1f} / {warm['load']:.1f}"])  # fmt: skip
+        if args.artifacts:
+            rows[-1] += [fmt(loaded, "compile_s"), f"{cold['artifact_bytes'] / 1e6:.2f}", fmt(loaded, "load_s")]
         print(f"  {what}: cold {cold['compile_s']:.1f} s, warm {warm['compile_s']:.1f} s", file=sys.stderr, flush=True)
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
@@ -219,6 +250,8 @@ def main(argv=None) -> None:
     label = "inductor defaults" if args.inductor_defaults else "demo"
     config = {"device_kind": args.device, "shape": args.shape,
               "options": label + (" + caching_precompile" if args.precompile else "")}  # fmt: skip
+    if args.artifacts:
+        config["artifacts"] = True
     append_table("compile", headers, rows, config_columns=1, config=config,
                  device=torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)")  # fmt: skip
 
