@@ -104,7 +104,8 @@ def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Na
 def load_head(args, device):
     """The head, with the target's embedding / lm_head shared where it has none."""
     from specdraft.models import load_draft_model
-    from specdraft.models.block_loading import is_block_folder, load_block_drafter
+    from specdraft.models.block_config import is_block_folder
+    from specdraft.models.block_loading import load_block_drafter
     from specdraft.models.target_loading import load_target_model
 
     demo = args.head == "demo"

@@ -16,7 +16,8 @@ from torch import nn
 
 import specdraft
 from specdraft.models import load_draft_model
-from specdraft.models.block_loading import block_settings_from_hf, load_block_drafter
+from specdraft.models.block_config import block_settings_from_hf
+from specdraft.models.block_loading import load_block_drafter
 from specdraft.models.block_saving import block_hf_config, save_block_drafter
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.block import BlockConfig, BlockDraftHead

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specdraft.models.block_loading import DEFAULT_NUM_ANCHORS, GEMMA4, LLAMA, MODEL_TYPES, QWEN3
+from specdraft.models.block_config import DEFAULT_NUM_ANCHORS, GEMMA4, LLAMA, MODEL_TYPES, QWEN3
 from specdraft.models.heads.block import BlockDraftHead
 from specdraft.models.heads.block_gemma4 import Gemma4BlockDraftHead
 from specdraft.models.rope_config import rope_to_hf

@@ -15,7 +15,8 @@ in the layouts EAGLE heads are published in:
   mapped or refused in specdraft.models.mtp_layouts;
 - block drafters ("block": DFlash, DSpark), told by config.json's architectures
   (DeepSpec's Qwen3DSparkModel / Gemma4DSparkModel and their kin): read by
-  specdraft.models.block_loading, which also refuses the z-lab DFlash layout by name.
+  specdraft.models.block_loading (config.json: block_config, which also refuses the
+  z-lab DFlash layout by name).
 
 A leading "model." is ignored. Weights missing from the folder that the target can
 supply (embed_tokens, lm_head) are recorded in `model.missing_weights`; the head
@@ -88,7 +89,7 @@ SHAREABLE = ("embed_tokens.weight", "lm_head.weight")
 def detect_method(names: set[str], hf: dict | None = None) -> str:
     """The head type of (prefix-stripped) tensor names."""
     hf = hf or {}
-    from specdraft.models.block_loading import is_block_config  # noqa: PLC0415  (it builds on this module)
+    from specdraft.models.block_config import is_block_config  # noqa: PLC0415  (it builds on this module)
 
     if is_block_config(hf):
         return "block"
