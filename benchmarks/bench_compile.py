@@ -38,9 +38,10 @@ from record import append_table
 CHILD = "--child"
 
 
-def build_8b_decoders(device: str, k: int, options, num_reqs: int = 8, max_model_len: int = 512):
+def build_8b_decoders(device: str, k: int, options, num_reqs: int = 8, max_model_len: int = 512, layers: int = 2):
     """(plain, speculative) decoders over bench_generate.py's Llama-3-8B-shaped
-    target (2 decoder layers, bf16, random weights) and 8B-shaped EAGLE-3 head."""
+    target (`layers` decoder layers, bf16, random weights; on the CPU its smoke
+    sizes, fp32) and 8B-shaped EAGLE-3 head."""
     import torch
     from bench_generate import Device, build_8b
 
@@ -49,7 +50,7 @@ def build_8b_decoders(device: str, k: int, options, num_reqs: int = 8, max_model
     from specdraft.generation import SpeculativeDecoder, num_kv_blocks
     from specdraft.proposers import EagleProposer
 
-    target, head = build_8b(Device(smoke=device == "cpu"), 2, 32000 if device == "cuda" else 256)
+    target, head = build_8b(Device(smoke=device == "cpu"), layers, 32000 if device == "cuda" else 256)
     config = SpeculativeConfig(method="eagle3", num_speculative_tokens=k, max_model_len=max_model_len,
                                block_size=BLOCK_SIZE)  # fmt: skip
     caches = head.allocate_kv_caches(num_kv_blocks(num_reqs, max_model_len, k, BLOCK_SIZE), BLOCK_SIZE)
@@ -80,7 +81,7 @@ def first_compile_of_the_process(device: str, options) -> float:
 
 
 def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile: bool,
-          save_to: str | None = None, load_from: str | None = None) -> dict:  # fmt: skip
+          save_to: str | None = None, load_from: str | None = None, layers: int = 2) -> dict:  # fmt: skip
     import torch
 
     from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -92,7 +93,7 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
         torch._dynamo.config.caching_precompile = True
     options = True if defaults else compile_options(device, True)
     if shape == "8b":
-        plain, spec, prompts = build_8b_decoders(device, k, options)
+        plain, spec, prompts = build_8b_decoders(device, k, options, layers=layers)
     else:
         plain, spec = build_decoders(device, k, len(PROMPTS), options)
         prompts = encode(PROMPTS)
@@ -159,7 +160,20 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
 
 def measure(what: str, args, cache: str, save_to: str | None = None, load_from: str | None = None) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"))
-    cmd = [sys.executable, __file__, CHILD, what, "--device", args.device, "--k", str(args.k), "--shape", args.shape]
+    cmd = [
+        sys.executable,
+        __file__,
+        CHILD,
+        what,
+        "--device",
+        args.device,
+        "--k",
+        str(args.k),
+        "--shape",
+        args.shape,
+        "--layers",
+        str(args.layers),
+    ]
     if args.inductor_defaults:
         cmd.append("--inductor-defaults")
     if args.precompile:
@@ -189,6 +203,7 @@ def main(argv=None) -> None:
                                                       "plain iteration"])  # fmt: skip
     parser.add_argument("--inductor-defaults", action="store_true", help="plain torch.compile, not the demo's options")
     parser.add_argument("--shape", choices=["demo", "8b"], default="demo", help="the demo pair or 8B-shaped models")
+    parser.add_argument("--layers", type=int, default=2, help="the 8B shape's target depth")
     parser.add_argument("--precompile", action="store_true", help="torch._dynamo.config.caching_precompile = True")
     parser.add_argument("--artifacts", action="store_true", help="also compile from the cold run's saved artifacts, "
                         "in a new cache folder (torch.compiler.save_cache_artifacts / load_cache_artifacts)")  # fmt: skip
@@ -198,7 +213,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults, args.shape, args.precompile,
-                               args.save_artifacts, args.load_artifacts)))  # fmt: skip
+                               args.save_artifacts, args.load_artifacts, args.layers)))  # fmt: skip
         return
 
     import torch
@@ -209,7 +224,7 @@ def main(argv=None) -> None:
         "torch.compile defaults" if args.inductor_defaults else f"the demo's: {compile_options(args.device, True)}"
     )
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} CPU cores, 1 torch thread"
-    sizes = "demo sizes" if args.shape == "demo" else "8B-shaped target (2 layers) and EAGLE-3 head, B = 8"
+    sizes = "demo sizes" if args.shape == "demo" else f"8B-shaped target ({args.layers} layers) and EAGLE-3 head, B = 8"
     print(f"Compile time, {sizes} (K = {args.k}); {args.device}: {where}; torch {torch.__version__}")
     precompile = ", Dynamo caching_precompile" if args.precompile else ""
     print(f"options: fullgraph=True, dynamic=False, {options}{precompile}; seconds; load = 1-min load average\n")
@@ -252,6 +267,8 @@ def main(argv=None) -> None:
               "options": label + (" + caching_precompile" if args.precompile else "")}  # fmt: skip
     if args.artifacts:
         config["artifacts"] = True
+    if args.shape == "8b":
+        config["target_layers"] = args.layers  # rows without it: 2
     append_table("compile", headers, rows, config_columns=1, config=config,
                  device=torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)")  # fmt: skip
 
