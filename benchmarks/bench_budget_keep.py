@@ -16,11 +16,10 @@ reference (two stable argsorts) on the same tensors, timed the same way. The tar
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 from record import append_table
+from tables import markdown_table, time_us
 
 from specdraft.ops import budget_keep
 from specdraft.ops.budget import budget_keep_reference
@@ -41,24 +40,10 @@ def make_inputs(batch: int, positions: int, values: str, device):
     return survival.cumprod(1).to(device), depths.to(device), budget.to(device)
 
 
-def time_us(fn, device) -> float:
-    if device == "cuda":
-        from harness import time_us as graph_time_us
-
-        return graph_time_us(fn)
-    fn()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
-
-
 def reference_us(args, device):
     """The torch reference's time, or why it has none (a CUDA graph may refuse to capture it)."""
     try:
-        return time_us(lambda: budget_keep_reference(*args), device)
+        return time_us(lambda: budget_keep_reference(*args), device, cpu_repeats=5)
     except RuntimeError as error:
         return f"failed: {str(error).splitlines()[0][:60]}"
 
@@ -74,18 +59,10 @@ def bench(batches, positions, device):
         for num_pos in positions:
             for values in ("continuous", "ties"):
                 args = make_inputs(batch, num_pos, values, device)
-                op_us = time_us(lambda a=args: budget_keep(*a), device)
+                op_us = time_us(lambda a=args: budget_keep(*a), device, cpu_repeats=5)
                 table.append([batch, num_pos, values, int(args[2]), op_us,
                               f"{op_us / floor_us:.1f}x" if floor_us else "n/a", reference_us(args, device)])  # fmt: skip
     return table, floor_us
-
-
-def markdown(headers, rows) -> str:
-    def cell(v):
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
 
 
 def main(argv=None) -> None:
@@ -105,9 +82,9 @@ def main(argv=None) -> None:
 
         append_table("budget_keep", headers, table, config_columns=4, config={"depths": "chain"})
         header = f"{device_name()}; load-store kernel {floor_us:.1f} us; chain depths, budget half the positions"
-        emit("bench_budget_keep", header + "\n\n" + markdown(headers, table))
+        emit("bench_budget_keep", header + "\n\n" + markdown_table(headers, table))
     else:
-        print("CPU smoke run (the op's torch reference on CPU)\n\n" + markdown(headers, table))
+        print("CPU smoke run (the op's torch reference on CPU)\n\n" + markdown_table(headers, table))
 
 
 if __name__ == "__main__":

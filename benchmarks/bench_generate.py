@@ -32,6 +32,7 @@ import time
 
 import torch
 from record import append_table
+from tables import markdown_table
 
 from specdraft.assets import load_demo_pair
 from specdraft.config import SamplingParams, SpeculativeConfig
@@ -60,12 +61,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def table(headers, rows) -> str:
-    def cell(v):
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
+def two_decimals(value) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+
+def table(headers, rows) -> str:
+    """The generate benches' markdown table: floats to two decimals."""
+    return markdown_table(headers, rows, cell=two_decimals)
 
 
 class Device:

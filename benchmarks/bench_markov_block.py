@@ -14,11 +14,10 @@ sampling) run eagerly on the same tensors, timed the same way.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 from record import append_table
+from tables import markdown_table, time_us
 
 from specdraft.ops import markov_block_sample
 from specdraft.ops.markov_block import MARKOV_KINDS, markov_block_sample_reference
@@ -45,20 +44,6 @@ def make_inputs(batch: int, steps: int, vocab: int, rank: int, hidden: int, kind
         kwargs["hidden_part"] = randn(batch, steps, outputs).float()
         kwargs["latent_weight"] = randn(outputs, inputs + hidden, scale=0.05)[:, :inputs]
     return args, kwargs
-
-
-def time_us(fn, device) -> float:
-    if device == "cuda":
-        from harness import time_us as graph_time_us
-
-        return graph_time_us(fn)
-    fn()
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
 
 
 def plain_loop_us(args, kwargs, device):
@@ -93,14 +78,6 @@ def bench(batches, steps, vocab, rank, hidden, device):
     return table, copy_gbs
 
 
-def markdown(headers, rows) -> str:
-    def cell(v):
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -121,9 +98,9 @@ def main(argv=None) -> None:
         config = {"S": steps, "V": vocab, "r": rank, "H": hidden, "dtype": "bfloat16"}
         append_table("markov_block", headers, table, config_columns=3, config=config)
         header = f"{device_name()}; copy {copy_gbs:.0f} GB/s; S = {steps}, V = {vocab}, r = {rank}, bf16 weights"
-        emit("bench_markov_block", header + "\n\n" + markdown(headers, table))
+        emit("bench_markov_block", header + "\n\n" + markdown_table(headers, table))
     else:
-        print(f"CPU smoke run; S = {steps}, V = {vocab}, r = {rank}\n\n" + markdown(headers, table))
+        print(f"CPU smoke run; S = {steps}, V = {vocab}, r = {rank}\n\n" + markdown_table(headers, table))
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ indices must be integers or slices, not NoneType"); the others still run.
 """
 
 import argparse
-import statistics
-import time
 from functools import partial
 
 import torch
 from record import append_table
+from tables import markdown_table, time_us
 
 import specdraft.ops.sampling.truncation.op as truncation_launch
 from specdraft.ops import draft_sample, rejection_sample, truncation_cut
@@ -87,20 +86,6 @@ def make_inputs(batch, vocab, temperature, top_k, top_p, min_p, device, rows=1):
     logits = (torch.randn(batch * rows, vocab, device=device, generator=g) * 3.0).to(torch.bfloat16)
     full = lambda value, dtype=torch.float32: torch.full((batch * rows,), value, dtype=dtype, device=device)  # noqa: E731
     return logits, full(temperature), full(top_k, torch.int32), full(top_p), full(min_p)
-
-
-def time_us(fn, device) -> float:
-    if device == "cuda":
-        from harness import time_us as graph_time_us
-
-        return graph_time_us(fn)
-    fn()
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
 
 
 def compiled(fn):
@@ -227,14 +212,6 @@ def sweep_tiles(batch, vocab, device):
     return table
 
 
-def markdown(headers, rows) -> str:
-    def cell(v):
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
-
-
 CUT_HEADERS = ["B", "V", "temperature", "truncation", "op us", "floor us (one read)", "x floor",
                "compile(exact ref) us", "compile(exact ref) / op", "compile(sort_cut) us", "compile(sort_cut) / op",
                "rows differing from the exact ref"]  # fmt: skip
@@ -262,8 +239,8 @@ def main(argv=None) -> None:
         return
     cut_table = bench_cut(args.batch, args.vocab, device)
     sampling_table = bench_sampling(args.batch, args.vocab, device)
-    text = (f"### truncation_cut\n\n{markdown(CUT_HEADERS, cut_table)}\n\n"
-            f"### truncated sampling (K = {NUM_SPEC} for rejection)\n\n{markdown(SAMPLING_HEADERS, sampling_table)}")  # fmt: skip
+    text = (f"### truncation_cut\n\n{markdown_table(CUT_HEADERS, cut_table)}\n\n"
+            f"### truncated sampling (K = {NUM_SPEC} for rejection)\n\n{markdown_table(SAMPLING_HEADERS, sampling_table)}")  # fmt: skip
     if device == "cuda":
         from harness import copy_bandwidth_gbs, device_name, emit
 
@@ -274,7 +251,7 @@ def main(argv=None) -> None:
             tiles = sweep_tiles(args.batch, args.vocab, device)
             headers = ["truncation", *TILE_NAMES, "us", "rows differing from the exact ref"]
             append_table("truncation_tiles", headers, tiles, config_columns=6, config=config)
-            text += f"\n\n### truncation_cut tiles (T = 1.0)\n\n{markdown(headers, tiles)}"
+            text += f"\n\n### truncation_cut tiles (T = 1.0)\n\n{markdown_table(headers, tiles)}"
         emit("bench_truncation", f"{device_name()}; copy {copy_bandwidth_gbs():.0f} GB/s; bf16 logits\n\n{text}")
     else:
         print(f"CPU smoke run; B = {args.batch}, V = {args.vocab}, bf16 logits\n\n{text}")

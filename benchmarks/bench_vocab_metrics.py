@@ -23,6 +23,7 @@ import time
 
 import torch
 from record import append_rows, append_table, table_pairs
+from tables import markdown_table
 
 from specdraft.ops import vocab_metrics
 
@@ -135,12 +136,10 @@ def sweep_tiles(rows: int, vocab: int, device: str):
     return table
 
 
-def markdown(headers, rows) -> str:
-    def cell(v):
-        return f"{v:.3f}" if isinstance(v, float) and v < 10 else f"{v:.1f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+def three_decimals_below_ten(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    return str(value)
 
 
 def parse_args(argv=None):
@@ -172,7 +171,10 @@ def main(argv=None) -> None:
     header = f"{device_name() if device == 'cuda' else 'CPU smoke run'}; T = {args.rows}, bf16 logits, temperature 1"
     headers = ["V / Vd", "implementation", "ms", "peak extra MiB", "GB/s (logits read once)", "% of copy"]
     table = bench(args.rows, args.shapes, device, not args.no_compile)
-    sections = [header, "### vocab_metrics vs plain torch\n\n" + markdown(headers, table)]
+    sections = [
+        header,
+        "### vocab_metrics vs plain torch\n\n" + markdown_table(headers, table, cell=three_decimals_below_ten),
+    ]
     if not args.smoke:  # "V / Vd" as two config keys
         append_rows("vocab_metrics", [({"T": args.rows, "dtype": "bfloat16", "V": int(shape.split(" / ")[0]),
                                         "Vd": int(shape.split(" / ")[1]), "implementation": name},
@@ -182,7 +184,10 @@ def main(argv=None) -> None:
         tile_headers = ["BLOCK_V", "num_warps", "CE/KL", "ms", "GB/s", "% of copy"]
         for vocab in sorted({v for v, _ in args.shapes}):
             tiles = sweep_tiles(args.rows, vocab, device)
-            sections.append(f"### tiles (V = {vocab}, no map)\n\n" + markdown(tile_headers, tiles))
+            sections.append(
+                f"### tiles (V = {vocab}, no map)\n\n"
+                + markdown_table(tile_headers, tiles, cell=three_decimals_below_ten)
+            )
             if not args.smoke:
                 append_table("vocab_metrics_tiles", tile_headers, tiles, config_columns=3,
                              config={"T": args.rows, "dtype": "bfloat16", "V": vocab})  # fmt: skip

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from tables import markdown_table
 from triton.testing import do_bench, do_bench_cudagraph
 
 
@@ -64,15 +65,6 @@ def gbs(nbytes: int, us: float) -> float:
 
 def compiled(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True, dynamic=False)
-
-
-def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
-    def cell(v):
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def emit(name: str, text: str) -> None:
