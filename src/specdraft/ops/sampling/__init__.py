@@ -1,5 +1,5 @@
 """Sampling ops: draft-token sampling (draft.py), rejection sampling of drafts
-against the target (rejection.py) and verification of a draft tree (tree_verify.py),
+against the target (rejection/) and verification of a draft tree (tree_verify.py),
 all drawing the counter-based noise of noise.py and streaming the vocabulary with
 ops/common/scan.py's loop over tiles.py's tiles. Chain and tree verification share
 their statistics and finish kernels (verify_kernels.py); the tree's walk is

@@ -45,7 +45,7 @@ def node_stats(part_key_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr, parts, gr
 def tree_residual_step(acc, x, side, idx, args, FLAGS: tl.constexpr):
     """Every child of node `cur` rejected: the exponential races r / E over the
     residual r (p with the children's tokens zeroed) and, as the fallback, over p.
-    p in base 2 as rejection.py's residual_race_step computes it. The children are the
+    p in base 2 as rejection/kernel.py's residual_race_step computes it. The children are the
     nodes k in [first_kid, last_kid] whose parent is `cur` (with EAGLE-2's layout, the
     topk siblings side by side); a token outside [0, V) matches no index. FLAGS: FAST,
     CUT (logits below the node row's cut count as -inf)."""

@@ -1,4 +1,4 @@
-"""The kernels chain verification (rejection.py) and tree verification
+"""The kernels chain verification (rejection/) and tree verification
 (tree_verify.py) both launch, and the scan steps they share (fla-style: one body,
 parametrised by what differs between the two).
 
@@ -10,7 +10,7 @@ for a greedy request, its online-softmax max and sum for a sampled one. The chai
 reads only rows 0..n (greedy) or 0..n-1 (sampled) of a request with n drafts
 (ROWS_OF_DRAFTS); the tree reads every node's row.
 (2) the walk, per (request, vocab chunk): the chain's acceptance chain
-(rejection.py) or the tree's walk (tree_walk.py), then the partial races over that
+(rejection/) or the tree's walk (tree_walk.py), then the partial races over that
 chunk of the emitting row: the residual race with p as the fallback after a
 rejection, Gumbel-max (`gumbel_step`, its own fallback) for the bonus token.
 (3) `race_finish_kernel`, per sampled request: the races' winner, the residual's
