@@ -35,7 +35,7 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"specdraft.config", "specdraft.models", "specdraft.assets"}),  # assets: the shipped pair's loaders
     frozenset({"specdraft.proposers"}),
     frozenset({"specdraft.generation", "specdraft.training", "specdraft.testing"}),
-    frozenset({"specdraft.demo", "specdraft.capture", "specdraft.eval", "specdraft.__main__"}),
+    frozenset({"specdraft.demo", "specdraft.demo_args", "specdraft.capture", "specdraft.eval", "specdraft.__main__"}),
 )
 ROOT_FROM_FLOOR = 2  # the package root may be imported from config / models up
 
