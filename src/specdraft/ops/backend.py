@@ -64,5 +64,18 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def power_of_two_tile(size, smallest: int = 1, largest: int | None = None) -> int:
+    """The smallest power of two >= size (at least `smallest`, at most `largest`), as a
+    plain int found by comparisons: a tile is a constexpr, and under dynamic shapes
+    (size a SymInt) each comparison is a guard on a range. triton.next_power_of_2 on a
+    SymInt builds a bitwise expression instead, which torch 2.11's fake-tensor cache
+    check evaluated one way statically and another by its hint under
+    backed_size_oblivious (CUDA, tests/proposers/test_autoregressive_compile.py)."""
+    tile = smallest
+    while (largest is None or tile < largest) and size > tile:
+        tile *= 2
+    return tile
+
+
 def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+    return power_of_two_tile(n)

@@ -7,7 +7,7 @@ from torch.library import triton_op, wrap_triton
 from specdraft.checked_mode import is_checked
 from specdraft.value_checks import check_in_range
 
-from ..backend import NAMESPACE, TRITON_INTERPRET, use_triton
+from ..backend import NAMESPACE, TRITON_INTERPRET, cdiv, power_of_two_tile, use_triton
 from .kernel import combine_kernel, split_kernel
 from .reference import masked_paged_attention_reference
 
@@ -19,26 +19,14 @@ SPLIT_LEN = 32 if TRITON_INTERPRET else 128
 MAX_ROWS = 64  # query rows (group x queries) per program: the fp32 accumulator's height
 
 
-def power_of_two_tile(size, smallest: int, largest: int | None = None) -> int:
-    """The smallest power of two >= size (at least `smallest`, at most `largest`), as a
-    plain int found by comparisons: a tile is a constexpr, and under dynamic shapes
-    each comparison is a guard on a range. triton.next_power_of_2 on a SymInt builds a
-    bitwise expression instead, which torch 2.11's fake-tensor cache check evaluated
-    one way statically and another by its hint under backed_size_oblivious (CUDA,
-    tests/proposers/test_autoregressive_compile.py)."""
-    tile = smallest
-    while (largest is None or tile < largest) and size > tile:
-        tile *= 2
-    return tile
-
-
 def launch_shape(num_queries, heads, kv_heads, seq_len, dim) -> tuple:
     """(rows per program, row blocks, splits over the keys, padded head dim): tiles
-    are ints, counts plain arithmetic on the sizes (SymInts under dynamic shapes)."""
+    are ints (backend.power_of_two_tile), counts plain arithmetic on the sizes
+    (SymInts under dynamic shapes)."""
     group = heads // kv_heads
     rows = power_of_two_tile(group * num_queries, 16, MAX_ROWS)  # tl.dot needs 16 rows at least
-    row_blocks = (group * num_queries + rows - 1) // rows
-    splits = (seq_len + SPLIT_LEN - 1) // SPLIT_LEN
+    row_blocks = cdiv(group * num_queries, rows)
+    splits = cdiv(seq_len, SPLIT_LEN)
     return rows, row_blocks, splits, power_of_two_tile(dim, 16)
 
 
