@@ -18,12 +18,10 @@ harness.copy_bandwidth_gbs counts). Target: >= 70 % of copy bandwidth.
 
 import argparse
 import importlib
-import statistics
-import time
 
 import torch
 from record import append_rows, append_table, table_pairs
-from tables import markdown_table
+from tables import markdown_table, wall_median_us
 
 from specdraft.ops import vocab_metrics
 
@@ -62,14 +60,8 @@ def time_ms(fn, device: str) -> float:
     if device == "cuda":
         from triton.testing import do_bench
 
-        return do_bench(fn, warmup=25, rep=100, return_mode="median")
-    fn()
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")  # event-timed, not graph replays
+    return wall_median_us(fn) / 1e3
 
 
 def peak_extra_mb(fn, device: str) -> float | None:

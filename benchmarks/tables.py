@@ -25,9 +25,14 @@ def time_us(fn: Callable[[], object], device: str, cpu_repeats: int = 3) -> floa
         from harness import time_us as graph_time_us  # noqa: PLC0415  (triton: GPU runs only)
 
         return graph_time_us(fn)
+    return wall_median_us(fn, cpu_repeats)
+
+
+def wall_median_us(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median wall-clock µs of `repeats` calls after one warm-up call (CPU timing)."""
     fn()
     samples = []
-    for _ in range(cpu_repeats):
+    for _ in range(repeats):
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
