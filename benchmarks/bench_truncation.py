@@ -21,7 +21,7 @@ indices must be integers or slices, not NoneType"); the others still run.
 
     python benchmarks/bench_truncation.py
     python benchmarks/bench_truncation.py --smoke        # CPU, tiny sizes: a check of the script
-    python benchmarks/bench_truncation.py --tiles        # also the kernel's tile sweep (table truncation_tiles)
+    python benchmarks/bench_truncation.py --tiles        # also the split path's tile sweep (table truncation_split_tiles)
     python benchmarks/bench_truncation.py --no-baselines # ours only (the baselines' compiles take minutes)
 """
 
@@ -182,31 +182,35 @@ def bench_sampling(batch, vocab, device):
     return table
 
 
-TILE_NAMES = ("BLOCK", "BINS", "MASS_BLOCK", "PIVOTS", "NUM_WARPS")
+TILE_NAMES = ("CHUNK", "WINDOW_BINS", "CAPACITY", "NUM_WARPS")
 TILE_CONFIGS = (
-    (4096, 64, 1024, 16, 8),
-    (4096, 256, 1024, 16, 8),
-    (4096, 16, 1024, 16, 8),
-    (8192, 64, 2048, 16, 16),
-    (8192, 64, 512, 8, 16),
-    (4096, 64, 512, 8, 8),
-    (2048, 64, 512, 8, 4),
+    (4096, 64, 4096, 8),
+    (4096, 32, 4096, 8),
+    (4096, 128, 4096, 8),
+    (2048, 64, 4096, 4),
+    (8192, 64, 4096, 16),
+    (8192, 64, 4096, 8),
+    (4096, 64, 2048, 8),
 )
 
 
 def sweep_tiles(batch, vocab, device):
-    """truncation_cut's tiles (op.py's launch constants), T = 1, three parameter sets;
-    the first row of each set is the module's defaults."""
+    """truncation_cut's split path (op.py's launch constants), T = 1, three parameter
+    sets, B and B x (K + 1) rows; the first row of each set is the module's defaults.
+    "rows to the search": rows split.py left to kernel.py's per-row search."""
     defaults = tuple(getattr(truncation_launch, name) for name in TILE_NAMES)
     table = []
-    for name, top_k, top_p, min_p in (PARAMS[0], PARAMS[1], PARAMS[4]):
-        args = make_inputs(batch, vocab, 1.0, top_k, top_p, min_p, device)
-        oracle = truncation_cut_reference(*args)
-        for config in (defaults, *(c for c in TILE_CONFIGS if c != defaults)):
-            for attr, value in zip(TILE_NAMES, config, strict=True):
-                setattr(truncation_launch, attr, value)
-            differ = int((truncation_cut(*args) != oracle).sum())
-            table.append([name, *config, time_us(partial(truncation_cut, *args), device), differ])
+    for rows in (1, NUM_SPEC + 1):
+        for name, top_k, top_p, min_p in (PARAMS[0], PARAMS[1], PARAMS[4]):
+            args = make_inputs(batch, vocab, 1.0, top_k, top_p, min_p, device, rows)
+            oracle = truncation_cut_reference(*args)
+            for config in (defaults, *(c for c in TILE_CONFIGS if c != defaults)):
+                for attr, value in zip(TILE_NAMES, config, strict=True):
+                    setattr(truncation_launch, attr, value)
+                differ = int((truncation_cut(*args) != oracle).sum())
+                searched = int((truncation_launch.split_cut(*args)[1] == 0).sum())
+                table.append([name, batch * rows, *config, time_us(partial(truncation_cut, *args), device),
+                              searched, differ])  # fmt: skip
     for attr, value in zip(TILE_NAMES, defaults, strict=True):
         setattr(truncation_launch, attr, value)
     return table
@@ -226,7 +230,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=152_064)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: a check of the script")
-    parser.add_argument("--tiles", action="store_true", help="also the kernel's tile sweep (CUDA)")
+    parser.add_argument("--tiles", action="store_true", help="also the split path's tile sweep (CUDA)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the compiled sort-based baselines")
     args = parser.parse_args(argv)
     global SKIP_BASELINES
@@ -249,9 +253,9 @@ def main(argv=None) -> None:
         append_table("truncated_sampling", SAMPLING_HEADERS, sampling_table, config_columns=5, config=config)
         if args.tiles:
             tiles = sweep_tiles(args.batch, args.vocab, device)
-            headers = ["truncation", *TILE_NAMES, "us", "rows differing from the exact ref"]
-            append_table("truncation_tiles", headers, tiles, config_columns=6, config=config)
-            text += f"\n\n### truncation_cut tiles (T = 1.0)\n\n{markdown_table(headers, tiles)}"
+            headers = ["truncation", "rows", *TILE_NAMES, "us", "rows to the search", "rows differing from the exact ref"]
+            append_table("truncation_split_tiles", headers, tiles, config_columns=6, config=config)
+            text += f"\n\n### truncation_cut's split path, tiles (T = 1.0)\n\n{markdown_table(headers, tiles)}"
         emit("bench_truncation", f"{device_name()}; copy {copy_bandwidth_gbs():.0f} GB/s; bf16 logits\n\n{text}")
     else:
         print(f"CPU smoke run; B = {args.batch}, V = {args.vocab}, bf16 logits\n\n{text}")

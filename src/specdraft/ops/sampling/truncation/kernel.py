@@ -341,12 +341,14 @@ def smallest_candidate(row_ptr, vocab, lo, thr, SHIFT: tl.constexpr, BLOCK: tl.c
 
 @triton.jit
 def truncation_cut_kernel(
-    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, cut_ptr,
+    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, cut_ptr, done_ptr,
     vocab, row_stride,
     SHIFT: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, MASS_BLOCK: tl.constexpr,
     PIVOTS: tl.constexpr,
 ):  # fmt: skip
+    """The rows split.py left undone (done[row] == 0); the others return at once."""
     row = tl.program_id(0).to(tl.int64)
+    undone = tl.load(done_ptr + row) == 0
     row_ptr = logits_ptr + row * row_stride
     temp = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -356,7 +358,7 @@ def truncation_cut_kernel(
     top_p_on = top_p < 1.0
     min_p_on = min_p > 0.0
     cut = tl.full([], float("-inf"), tl.float32)
-    if (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on):
+    if undone & (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on):
         top = row_max(row_ptr, vocab, BLOCK)
         if top > float("-inf"):
             thr = min_p_threshold(top, temp, min_p, min_p_on)
@@ -372,4 +374,5 @@ def truncation_cut_kernel(
                 cut = key_value(lo.to(tl.int32), SHIFT)
             else:
                 cut = smallest_candidate(row_ptr, vocab, lo.to(tl.int32), thr, SHIFT, BLOCK)
-    tl.store(cut_ptr + row, cut)
+    if undone:
+        tl.store(cut_ptr + row, cut)

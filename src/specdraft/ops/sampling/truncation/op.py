@@ -9,18 +9,25 @@ from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_tensor_arg
 from specdraft.value_checks import first_bad
 
-from ...backend import NAMESPACE, TRITON_INTERPRET, use_triton
+from ...backend import NAMESPACE, TRITON_INTERPRET, cdiv, power_of_two_tile, use_triton
 from .kernel import truncation_cut_kernel
 from .reference import truncation_cut_reference
+from .split import bracket_kernel, collect_kernel, resolve_kernel, window_kernel
 
 # The low bits of an fp32 value that each logits dtype leaves zero (kernel.py's keys).
 KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
 
 if TRITON_INTERPRET:
     # The interpreter emulates every lane in NumPy: small blocks keep it fast, make
-    # small test rows span several blocks, and few pivots make the searches loop.
+    # small test rows span several blocks, and few pivots make the searches loop;
+    # a small window and capacity send many rows to kernel.py's search, so both
+    # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
+    CHUNK, WINDOW_BINS, CAPACITY = 16, 8, 8
 else:
+    CHUNK = 4096  # tokens a program of split.py's two reads takes
+    WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
+    CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
     MASS_BLOCK = 1024  # tokens per tile of a top-p pass, a [MASS_BLOCK, PIVOTS] comparison
@@ -32,13 +39,49 @@ def _output(num_rows: int, device) -> torch.Tensor:
     return torch.empty((num_rows,), dtype=torch.float32, device=device)
 
 
+def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, torch.Tensor]:
+    """split.py's four kernels: (cut, done): done[row] = 1 where the cut is final,
+    0 where the row is left to kernel.py's search (its cut is then unset)."""
+    num_rows, vocab = logits.shape
+    device = logits.device
+    num_chunks = cdiv(vocab, CHUNK)
+    chunks = power_of_two_tile(num_chunks)
+    cut = _output(num_rows, device)
+    done = torch.empty((num_rows,), dtype=torch.int8, device=device)
+    chunk_max = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
+    hist = torch.empty((num_rows, num_chunks, WINDOW_BINS), dtype=torch.int32, device=device)
+    bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
+    span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
+    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
+    values = torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device)
+    sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
+    params = (temperature, top_k, top_p, min_p)
+    wrap_triton(window_kernel)[(num_rows, num_chunks)](
+        logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, CHUNK=CHUNK, NB=WINDOW_BINS,
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
+    wrap_triton(bracket_kernel)[(num_rows,)](
+        *params, chunk_max, hist, bounds, span, count, cut, done, vocab, num_chunks,
+        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=4,
+    )  # fmt: skip
+    wrap_triton(collect_kernel)[(num_rows, num_chunks)](
+        logits, temperature, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
+        CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    wrap_triton(resolve_kernel)[(num_rows,)](
+        temperature, top_k, top_p, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
+        CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return cut, done
+
+
 def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
     num_rows, vocab = logits.shape
-    cut = _output(num_rows, logits.device)
     if num_rows == 0:
-        return cut
+        return _output(num_rows, logits.device)
+    cut, done = split_cut(logits, temperature, top_k, top_p, min_p)
     wrap_triton(truncation_cut_kernel)[(num_rows,)](
-        logits, temperature, top_k, top_p, min_p, cut, vocab, logits.stride(0),
+        logits, temperature, top_k, top_p, min_p, cut, done, vocab, logits.stride(0),
         SHIFT=KEY_SHIFT[logits.dtype], BLOCK=BLOCK, BINS=BINS, MASS_BLOCK=MASS_BLOCK, PIVOTS=PIVOTS,
         num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -1,0 +1,312 @@
+"""The split-row path of `truncation_cut`: two reads of the logits, each spread over
+the whole GPU, then exact work on a few hundred or thousand values a row.
+
+kernel.py's search reads a row with one program, once per pass, and its passes
+count or weigh tokens into buckets: a few passes of a row that one program streams.
+At B = 256 rows of V = 152k that is 0.1-1 ms, where one read of the logits is 30 us.
+Here a row is split over programs of CHUNK tokens, and the logits are read twice:
+
+1. `window_kernel` [R, S]: each chunk's max, and a histogram of its tokens over
+   bins of equal logit width w (absolute bins: bin(x) = floor(x / w)), counted from
+   the chunk's own top bin down, NB - 1 bins deep (the last bin counts the rest).
+   Every chunk's window starts at or below the row's top bin, so shifted to the row's
+   top bin the chunks' counts add up exactly for the row's first NB - 1 bins.
+2. `bracket_kernel` [R]: the row's max, its min-p threshold, and from the counts a
+   range of bins that holds the cut: top-k's k-th candidate is in the bin where the
+   count from the top crosses k (exact); top-p's cut in the bin where the mass,
+   estimated as count x the weight at the bin's middle, crosses top_p x the
+   estimated total, taken one bin wider on each side. w is chosen per row so that
+   the window reaches every cut top-p and min-p can make (top_p_floor in kernel.py
+   for top-p, T x -ln(min_p) for min-p) and SPAN_K logits for top-k.
+3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
+   per chunk, fp64 over chunks) the candidates above the range (count and mass) and
+   below it, and copies the candidates inside it to a buffer of CAPACITY values a
+   row (one atomic add a chunk reserves its places).
+4. `resolve_kernel` [R]: the exact cut from the sums and the copied values (the k-th
+   candidate by a search over their order keys, then top-p's largest value whose
+   mass at or above it reaches top_p x the total), or, where the counts show the cut
+   is not in the range (the estimate missed, the range held more than CAPACITY
+   values, the window did not reach the cut), nothing: the row is left undone.
+
+kernel.py's per-row search then runs for the rows left undone only (the others
+return at once). So the cut is exact whatever the estimate: the estimate decides
+only which rows take the slow path.
+
+Bins are found by the same fp32 computation in steps 1 and 3 (floor of x / w,
+clamped), which is monotone in x, so a bin's tokens are all above those of a lower
+bin and the two passes agree on every token's bin.
+"""
+
+from ...backend import tl, triton
+from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key
+
+SPAN_K = 32.0  # logits the window reaches below the max for top-k alone (a guess: a miss is only slower)
+BIN_LIMIT = 1 << 29  # bins are clamped here, so bin differences fit an int32
+
+
+@triton.jit
+def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
+    """A row's parameters and which rules are on; `truncated`: the row is cut at all."""
+    temp = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    top_k_on = (top_k > 0) & (top_k < vocab)
+    top_p_on = top_p < 1.0
+    min_p_on = min_p > 0.0
+    truncated = (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on)
+    return temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated
+
+
+@triton.jit
+def bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB: tl.constexpr):
+    """1 / w: the window's first NB - 3 bins reach top-p's floor (T ln(2V / (1 - top_p))
+    below the max), min-p's threshold (T ln(1 / min_p) below it) and SPAN_K logits
+    for top-k, whichever rules are on; at least T, so w > 0."""
+    span = temp
+    tail = tl.maximum(1.0 - top_p, 1e-30)  # top_p < 1 when on; NaN is off
+    span = tl.where(top_p_on, tl.maximum(span, temp * tl.log(2.0 * vocab / tail)), span)
+    ratio = tl.where(min_p_on, tl.minimum(min_p, 1.0), 1.0)
+    span = tl.where(min_p_on, tl.maximum(span, -temp * tl.log(ratio)), span)
+    span = tl.where(top_k_on, tl.maximum(span, SPAN_K), span)
+    # NB - 3 bins: the max sits anywhere in its bin, and the threshold's rounding.
+    return (NB - 3) / span
+
+
+@triton.jit
+def bin_of(x, inv_width):
+    """floor(x / w), clamped to +-BIN_LIMIT (-inf and +inf land on the ends)."""
+    scaled = tl.minimum(tl.maximum(x * inv_width, -BIN_LIMIT), BIN_LIMIT)
+    return tl.floor(scaled).to(tl.int32)
+
+
+@triton.jit
+def window_kernel(
+    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr,
+    vocab, row_stride, num_chunks,
+    CHUNK: tl.constexpr, NB: tl.constexpr,
+):  # fmt: skip
+    """Step 1: the chunk's max and its tokens' bins counted from its top bin."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    temp, _, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_switches(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    if truncated:
+        idx = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = load_clean(logits_ptr + row * row_stride, idx, vocab)
+        top = tl.max(x, 0)
+        tl.store(chunk_max_ptr + row * num_chunks + chunk, top)
+        inv_width = bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB)
+        depth = bin_of(top, inv_width) - bin_of(x, inv_width)
+        depth = tl.where(x > float("-inf"), tl.minimum(depth, NB - 1), NB - 1)
+        counts = tl.histogram(depth, NB)
+        tl.store(hist_ptr + (row * num_chunks + chunk) * NB + tl.arange(0, NB), counts)
+
+
+@triton.jit
+def bracket_kernel(
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, bounds_ptr, span_ptr,
+    count_ptr, cut_ptr, done_ptr, vocab, num_chunks,
+    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
+):  # fmt: skip
+    """Step 2: the row's max and the range of bins to copy. bounds[row] = (max, min-p
+    threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go): go =
+    1 collects; 0 leaves the row finished (done = 1: not truncated, or nothing above
+    -inf) or to kernel.py's search (done = 0)."""
+    row = tl.program_id(0).to(tl.int64)
+    temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_switches(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    go = tl.zeros([], tl.int32)
+    done = tl.full([], 1, tl.int32)
+    if truncated:
+        chunks = tl.arange(0, CHUNKS)
+        maxima = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
+        top = tl.max(maxima, 0)
+        inv_width = bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB)
+        done = (top == float("-inf")).to(tl.int32)  # no logit above -inf: kept whole
+        # A +inf max (its weights are not exp's) or a width below fp32's: the search.
+        if (top > float("-inf")) & (top < float("inf")) & (inv_width < float("inf")):
+            top_bin = bin_of(top, inv_width)
+            # Each chunk's counts, shifted from its top bin to the row's: bins 0..NB-2.
+            shift = tl.where(maxima > float("-inf"), top_bin - bin_of(maxima, inv_width), NB)
+            bins = tl.arange(0, NB)
+            source = bins[None, :] - shift[:, None]
+            inside = (source >= 0) & (source < NB - 1) & (chunks[:, None] < num_chunks)
+            chunk_hist = hist_ptr + (row * num_chunks + chunks[:, None]) * NB + source
+            counts = tl.sum(tl.load(chunk_hist, mask=inside, other=0), 0)
+            thr = min_p_threshold(top, temp, min_p, min_p_on)
+            # The threshold's bin: candidates fill the bins above it, part of it, none below.
+            thr_bin = tl.where(thr > float("-inf"), top_bin - bin_of(thr, inv_width), NB)
+            counts = tl.where((bins <= thr_bin) & (bins < NB - 1), counts, 0)
+            in_window = thr_bin < NB - 1  # every candidate lies in the window
+            # The smallest candidate lies between the deepest bin above the threshold's
+            # that holds a token (all candidates) and the threshold's bin.
+            small_lo = tl.maximum(tl.max(tl.where((counts > 0) & (bins < thr_bin), bins, 0), 0), 0)
+            small_hi = tl.minimum(thr_bin, NB - 2)
+            lo = tl.zeros([], tl.int32)
+            hi = tl.full([], NB - 2, tl.int32)
+            found = tl.full([], 1, tl.int1)
+            if top_k_on:
+                k_bin = tl.min(tl.where(tl.cumsum(counts, 0) >= top_k, bins, NB), 0)
+                if k_bin == NB:
+                    # Fewer than k tokens in the window: fewer than k candidates if the
+                    # window holds them all (the smallest is the cut), else the k-th
+                    # lies below the window.
+                    found = in_window
+                    lo = small_lo
+                    hi = small_hi
+                elif k_bin >= thr_bin:  # the k-th, or the smallest candidate if fewer
+                    lo = small_lo
+                    hi = small_hi
+                else:
+                    lo = k_bin
+                    hi = k_bin
+            elif not top_p_on:
+                found = in_window  # min-p alone: the smallest candidate
+                lo = small_lo
+                hi = small_hi
+            if top_p_on:
+                # Each bin's mass estimated at its middle; the range: the bin where the
+                # estimate crosses top_p of the total, one bin wider each side.
+                middle = ((top_bin - bins).to(tl.float32) + 0.5) / inv_width
+                weights = tl.exp(tl.minimum(middle - top, 0.0) / temp)
+                last = tl.where(top_k_on, hi, NB - 2)
+                mass = tl.where(bins <= last, counts.to(tl.float32) * weights, 0.0)
+                target = tl.maximum(top_p, 0.0) * tl.sum(mass, 0)
+                p_bin = tl.min(tl.where(tl.cumsum(mass, 0) >= target, bins, NB - 2), 0)
+                if top_k_on:
+                    lo = tl.maximum(tl.minimum(p_bin - 1, lo), 0)
+                else:
+                    lo = tl.maximum(p_bin - 1, 0)
+                    hi = tl.minimum(p_bin + 1, NB - 2)
+            held = tl.sum(tl.where((bins >= lo) & (bins <= hi), counts, 0), 0)
+            go = (found & (held <= CAPACITY)).to(tl.int32)
+            tl.store(bounds_ptr + row * 3, top)
+            tl.store(bounds_ptr + row * 3 + 1, thr)
+            tl.store(bounds_ptr + row * 3 + 2, inv_width)
+            tl.store(span_ptr + row * 3, top_bin - hi)  # absolute bins, the deepest first
+            tl.store(span_ptr + row * 3 + 1, top_bin - lo)
+            tl.store(count_ptr + row, 0)
+    tl.store(span_ptr + row * 3 + 2, go)
+    tl.store(done_ptr + row, done.to(tl.int8))
+    if done != 0:
+        tl.store(cut_ptr + row, float("-inf"))
+
+
+@triton.jit
+def collect_kernel(
+    logits_ptr, temperature_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
+    vocab, row_stride, num_chunks,
+    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+):  # fmt: skip
+    """Step 3: the chunk's candidates above and below the range (count, mass), and
+    its candidates inside the range copied out. sums[row, chunk] = (count above, mass
+    above, count below, mass below), counts as fp32 of exact small integers (<= CHUNK)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    if tl.load(span_ptr + row * 3 + 2) != 0:
+        top = tl.load(bounds_ptr + row * 3)
+        thr = tl.load(bounds_ptr + row * 3 + 1)
+        inv_width = tl.load(bounds_ptr + row * 3 + 2)
+        range_lo = tl.load(span_ptr + row * 3)
+        range_hi = tl.load(span_ptr + row * 3 + 1)
+        temp = tl.load(temperature_ptr + row)
+        idx = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = load_clean(logits_ptr + row * row_stride, idx, vocab)
+        candidate = (x >= thr) & (x > float("-inf"))
+        where = bin_of(x, inv_width)
+        above = candidate & (where > range_hi)
+        below = candidate & (where < range_lo)
+        inside = candidate & ~above & ~below
+        w = candidate_weights(x, thr, top, temp)
+        out = sums_ptr + (row * num_chunks + chunk) * 4
+        tl.store(out, tl.sum(above.to(tl.float32), 0))
+        tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
+        tl.store(out + 2, tl.sum(below.to(tl.float32), 0))
+        tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
+        number = tl.sum(inside.to(tl.int32), 0)
+        if number > 0:
+            start = tl.atomic_add(count_ptr + row, number)
+            place = start + tl.cumsum(inside.to(tl.int32), 0) - 1
+            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
+
+
+@triton.jit
+def largest_key_reaching(keys, weights, valid, lo, hi, floor_mass, goal):
+    """The largest key t in [lo, hi) with floor_mass + the weights of the valid keys >= t
+    summing to >= goal (lo where none does; keys int64, weights fp64)."""
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        reached = floor_mass + tl.sum(tl.where(valid & (keys >= mid), weights, 0.0), 0)
+        if reached >= goal:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@triton.jit
+def resolve_kernel(
+    temperature_ptr, top_k_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr, done_ptr,
+    vocab, num_chunks,
+    CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
+):  # fmt: skip
+    """Step 4: the exact cut from the sums and the copied values, or nothing (the row
+    stays undone) where they show the cut outside the range."""
+    row = tl.program_id(0).to(tl.int64)
+    number = tl.load(count_ptr + row)
+    if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
+        top = tl.load(bounds_ptr + row * 3)
+        thr = tl.load(bounds_ptr + row * 3 + 1)
+        temp = tl.load(temperature_ptr + row)
+        top_k = tl.load(top_k_ptr + row).to(tl.int64)
+        top_p = tl.load(top_p_ptr + row)
+        top_k_on = (top_k > 0) & (top_k < vocab)
+        top_p_on = top_p < 1.0
+        chunks = tl.arange(0, CHUNKS)
+        part = sums_ptr + (row * num_chunks + chunks) * 4
+        real = chunks < num_chunks
+        count_above = tl.sum(tl.load(part, mask=real, other=0.0).to(tl.int64), 0)
+        mass_above = tl.sum(tl.load(part + 1, mask=real, other=0.0).to(tl.float64), 0)
+        count_below = tl.sum(tl.load(part + 2, mask=real, other=0.0).to(tl.int64), 0)
+        mass_below = tl.sum(tl.load(part + 3, mask=real, other=0.0).to(tl.float64), 0)
+
+        slots = tl.arange(0, CAPACITY)
+        valid = slots < number
+        values = tl.load(values_ptr + row * CAPACITY + slots, mask=valid, other=float("-inf"))
+        keys = order_key(values, 0).to(tl.int64)
+        weights = candidate_weights(values, thr, top, temp).to(tl.float64)
+        ones = tl.where(valid, 1.0, 0.0).to(tl.float64)
+        lowest = tl.min(tl.where(valid, keys, 1 << 40), 0)
+        highest = tl.max(tl.where(valid, keys, -(1 << 40)), 0)
+        smallest_known = (count_below == 0) & (number > 0)  # the smallest candidate is copied
+
+        ok = tl.full([], 1, tl.int1)
+        base = lowest  # the lowest copied key kept before top-p
+        with_below = tl.zeros([], tl.int1)
+        if top_k_on:
+            need = top_k - count_above
+            if (need >= 1) & (need <= number):
+                base = largest_key_reaching(keys, ones, valid, lowest, highest + 1, 0.0, need.to(tl.float64))
+            else:
+                ok = (need > number) & smallest_known  # fewer than k candidates: the smallest
+        else:
+            with_below = count_below > 0
+            ok = top_p_on | smallest_known  # min-p alone: the smallest candidate
+        cut_key = base
+        if top_p_on & ok:
+            kept = valid & (keys >= base)
+            total = mass_above + tl.sum(tl.where(kept, weights, 0.0), 0)
+            total += tl.where(with_below, mass_below, 0.0)
+            goal = top_p.to(tl.float64) * total
+            if (count_above > 0) & (mass_above >= goal):
+                ok = False  # the cut is above the range
+            else:
+                cut_key = largest_key_reaching(keys, weights, kept, base, highest + 1, mass_above, goal)
+                reached = mass_above + tl.sum(tl.where(kept & (keys >= cut_key), weights, 0.0), 0)
+                ok = (number > 0) & (reached >= goal)  # else the cut is below the range
+        if ok:
+            tl.store(cut_ptr + row, key_value(cut_key.to(tl.int32), 0))
+            tl.store(done_ptr + row, 1)
