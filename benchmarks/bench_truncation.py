@@ -253,7 +253,14 @@ def main(argv=None) -> None:
         append_table("truncated_sampling", SAMPLING_HEADERS, sampling_table, config_columns=5, config=config)
         if args.tiles:
             tiles = sweep_tiles(args.batch, args.vocab, device)
-            headers = ["truncation", "rows", *TILE_NAMES, "us", "rows to the search", "rows differing from the exact ref"]
+            headers = [
+                "truncation",
+                "rows",
+                *TILE_NAMES,
+                "us",
+                "rows to the search",
+                "rows differing from the exact ref",
+            ]
             append_table("truncation_split_tiles", headers, tiles, config_columns=6, config=config)
             text += f"\n\n### truncation_cut's split path, tiles (T = 1.0)\n\n{markdown_table(headers, tiles)}"
         emit("bench_truncation", f"{device_name()}; copy {copy_bandwidth_gbs():.0f} GB/s; bf16 logits\n\n{text}")
