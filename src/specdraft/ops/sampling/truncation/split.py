@@ -40,8 +40,8 @@ bin and the two passes agree on every token's bin.
 from ...backend import tl, triton
 from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key
 
-SPAN_K = 32.0  # logits the window reaches below the max for top-k alone (a guess: a miss is only slower)
-BIN_LIMIT = 1 << 29  # bins are clamped here, so bin differences fit an int32
+SPAN_K = tl.constexpr(32.0)  # logits the window reaches below the max for top-k (a guess: a miss is only slower)
+BIN_LIMIT = tl.constexpr(1 << 29)  # bins are clamped here, so bin differences fit an int32
 
 
 @triton.jit
