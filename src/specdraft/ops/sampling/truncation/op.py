@@ -23,11 +23,12 @@ if TRITON_INTERPRET:
     # a small window and capacity send many rows to kernel.py's search, so both
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
-    CHUNK, WINDOW_BINS, CAPACITY = 16, 8, 8
+    CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE = 16, 8, 8, 4
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
+    RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
     MASS_BLOCK = 1024  # tokens per tile of a top-p pass, a [MASS_BLOCK, PIVOTS] comparison
@@ -70,7 +71,8 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     )  # fmt: skip
     wrap_triton(resolve_kernel)[(num_rows,)](
         temperature, top_k, top_p, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
-        CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
+        CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=KEY_SHIFT[logits.dtype], TILE=RESOLVE_TILE, PIVOTS=PIVOTS,
+        num_warps=4,
     )  # fmt: skip
     return cut, done
 

@@ -168,19 +168,35 @@ def bracket_kernel(
                 lo = small_lo
                 hi = small_hi
             if top_p_on:
-                # Each bin's mass estimated at its middle; the range: the bin where the
-                # estimate crosses top_p of the total, one bin wider each side.
-                middle = ((top_bin - bins).to(tl.float32) + 0.5) / inv_width
-                weights = tl.exp(tl.minimum(middle - top, 0.0) / temp)
+                # Each bin's mass estimated as its count x the mean weight over the bin
+                # (the values spread evenly in it); the range: the bin where the
+                # estimate crosses top_p of the total, and its neighbour on the side
+                # the crossing is nearer, or both neighbours where they fit.
+                upper = tl.minimum((top_bin - bins + 1).to(tl.float32) / inv_width, top)
+                lower = (top_bin - bins).to(tl.float32) / inv_width
+                a = (tl.minimum(lower, top) - top) / temp
+                c = (upper - top) / temp
+                spread = c - a
+                mean = tl.where(
+                    spread > 1e-6, (tl.exp(c) - tl.exp(a)) / tl.where(spread > 1e-6, spread, 1.0), tl.exp(c)
+                )
                 last = tl.where(top_k_on, hi, NB - 2)
-                mass = tl.where(bins <= last, counts.to(tl.float32) * weights, 0.0)
+                mass = tl.where(bins <= last, counts.to(tl.float32) * mean, 0.0)
+                running = tl.cumsum(mass, 0)
                 target = tl.maximum(top_p, 0.0) * tl.sum(mass, 0)
-                p_bin = tl.min(tl.where(tl.cumsum(mass, 0) >= target, bins, NB - 2), 0)
+                p_bin = tl.min(tl.where(running >= target, bins, NB - 2), 0)
+                at = bins == p_bin
+                into = (target - tl.sum(tl.where(at, running - mass, 0.0), 0)) / tl.sum(tl.where(at, mass, 1.0), 0)
+                p_lo = tl.maximum(p_bin - 1, 0)
+                p_hi = tl.minimum(p_bin + 1, NB - 2)
+                both = tl.sum(tl.where((bins >= p_lo) & (bins <= p_hi), counts, 0), 0) <= CAPACITY
+                p_lo = tl.where(both | (into < 0.5), p_lo, p_bin)
+                p_hi = tl.where(both | (into >= 0.5), p_hi, p_bin)
                 if top_k_on:
-                    lo = tl.maximum(tl.minimum(p_bin - 1, lo), 0)
+                    lo = tl.minimum(p_lo, lo)
                 else:
-                    lo = tl.maximum(p_bin - 1, 0)
-                    hi = tl.minimum(p_bin + 1, NB - 2)
+                    lo = p_lo
+                    hi = p_hi
             held = tl.sum(tl.where((bins >= lo) & (bins <= hi), counts, 0), 0)
             go = (found & (held <= CAPACITY)).to(tl.int32)
             tl.store(bounds_ptr + row * 3, top)
@@ -234,16 +250,57 @@ def collect_kernel(
 
 
 @triton.jit
-def largest_key_reaching(keys, weights, valid, lo, hi, floor_mass, goal):
-    """The largest key t in [lo, hi) with floor_mass + the weights of the valid keys >= t
-    summing to >= goal (lo where none does; keys int64, weights fp64)."""
-    while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        reached = floor_mass + tl.sum(tl.where(valid & (keys >= mid), weights, 0.0), 0)
-        if reached >= goal:
-            lo = mid
+def copied_tile(row_values, start, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """A tile of the copied values: (values, their order keys as int64, valid)."""
+    slots = start + tl.arange(0, TILE)
+    valid = slots < number
+    values = tl.load(row_values + slots, mask=valid, other=float("-inf"))
+    return values, order_key(values, SHIFT).to(tl.int64), valid
+
+
+@triton.jit
+def copied_key_range(row_values, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """(the lowest, the highest) order key of the copied values."""
+    lowest = tl.full([], 1 << 40, tl.int64)
+    highest = tl.full([], -(1 << 40), tl.int64)
+    for start in range(0, number, TILE):
+        _, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
+        lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
+        highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
+    return lowest, highest
+
+
+@triton.jit
+def copied_reach(row_values, number, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
+                 TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """Per pivot, the copied values with key >= the pivot and >= base: their number
+    (MASS false) or mass (a tile's in fp32, the tiles' in fp64)."""
+    reach = tl.zeros([PIVOTS], tl.float64)
+    for start in range(0, number, TILE):
+        values, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
+        if MASS:
+            each = candidate_weights(values, thr, top, temp)
         else:
-            hi = mid
+            each = tl.full([TILE], 1.0, tl.float32)
+        each = tl.where(valid & (keys >= base), each, 0.0)
+        reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
+    return reach
+
+
+@triton.jit
+def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
+                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """The largest key t in [lo, hi) with floor + copied_reach(t) >= goal; lo where
+    none does (lo counts as passing). PIVOTS keys a pass: the interval shrinks
+    PIVOTS + 1 times (copied bf16 values span a few keys: one or two passes)."""
+    steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
+    while hi - lo > 1:
+        pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
+        reach = floor + copied_reach(row_values, number, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS)
+        passing = reach >= goal  # a prefix: reach never grows with the pivot
+        new_lo = tl.max(tl.where(passing, pivots, lo), 0)
+        hi = tl.min(tl.where(passing, hi, pivots), 0)
+        lo = new_lo
     return lo
 
 
@@ -251,10 +308,11 @@ def largest_key_reaching(keys, weights, valid, lo, hi, floor_mass, goal):
 def resolve_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr, done_ptr,
     vocab, num_chunks,
-    CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
+    CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr,
 ):  # fmt: skip
     """Step 4: the exact cut from the sums and the copied values, or nothing (the row
-    stays undone) where they show the cut outside the range."""
+    stays undone) where they show the cut outside the range. Copied values are values
+    of the logits' dtype, so SHIFT's keys (kernel.py) are one-to-one on them."""
     row = tl.program_id(0).to(tl.int64)
     number = tl.load(count_ptr + row)
     if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
@@ -272,15 +330,8 @@ def resolve_kernel(
         mass_above = tl.sum(tl.load(part + 1, mask=real, other=0.0).to(tl.float64), 0)
         count_below = tl.sum(tl.load(part + 2, mask=real, other=0.0).to(tl.int64), 0)
         mass_below = tl.sum(tl.load(part + 3, mask=real, other=0.0).to(tl.float64), 0)
-
-        slots = tl.arange(0, CAPACITY)
-        valid = slots < number
-        values = tl.load(values_ptr + row * CAPACITY + slots, mask=valid, other=float("-inf"))
-        keys = order_key(values, 0).to(tl.int64)
-        weights = candidate_weights(values, thr, top, temp).to(tl.float64)
-        ones = tl.where(valid, 1.0, 0.0).to(tl.float64)
-        lowest = tl.min(tl.where(valid, keys, 1 << 40), 0)
-        highest = tl.max(tl.where(valid, keys, -(1 << 40)), 0)
+        row_values = values_ptr + row * CAPACITY
+        lowest, highest = copied_key_range(row_values, number, SHIFT, TILE)
         smallest_known = (count_below == 0) & (number > 0)  # the smallest candidate is copied
 
         ok = tl.full([], 1, tl.int1)
@@ -289,7 +340,8 @@ def resolve_kernel(
         if top_k_on:
             need = top_k - count_above
             if (need >= 1) & (need <= number):
-                base = largest_key_reaching(keys, ones, valid, lowest, highest + 1, 0.0, need.to(tl.float64))
+                base = copied_search(row_values, number, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
+                                     thr, top, temp, False, SHIFT, TILE, PIVOTS)  # fmt: skip
             else:
                 ok = (need > number) & smallest_known  # fewer than k candidates: the smallest
         else:
@@ -297,16 +349,17 @@ def resolve_kernel(
             ok = top_p_on | smallest_known  # min-p alone: the smallest candidate
         cut_key = base
         if top_p_on & ok:
-            kept = valid & (keys >= base)
-            total = mass_above + tl.sum(tl.where(kept, weights, 0.0), 0)
-            total += tl.where(with_below, mass_below, 0.0)
+            all_kept = copied_reach(row_values, number, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
+                                    temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+            total = mass_above + tl.max(all_kept, 0) + tl.where(with_below, mass_below, 0.0)
             goal = top_p.to(tl.float64) * total
             if (count_above > 0) & (mass_above >= goal):
                 ok = False  # the cut is above the range
             else:
-                cut_key = largest_key_reaching(keys, weights, kept, base, highest + 1, mass_above, goal)
-                reached = mass_above + tl.sum(tl.where(kept & (keys >= cut_key), weights, 0.0), 0)
-                ok = (number > 0) & (reached >= goal)  # else the cut is below the range
+                cut_key = copied_search(row_values, number, base, highest + 1, base, mass_above, goal, thr, top,
+                                        temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+                # Where even every copied value falls short, the cut is below the range.
+                ok = (number > 0) & (mass_above + tl.max(all_kept, 0) >= goal)
         if ok:
-            tl.store(cut_ptr + row, key_value(cut_key.to(tl.int32), 0))
+            tl.store(cut_ptr + row, key_value(cut_key.to(tl.int32), SHIFT))
             tl.store(done_ptr + row, 1)
