@@ -21,7 +21,7 @@ Here a row is split over programs of CHUNK tokens, and the logits are read twice
 3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
    per chunk, fp64 over chunks) the candidates above the range (count and mass) and
    below it, and copies the candidates inside it to a buffer of CAPACITY values a
-   row (one atomic add a chunk reserves its places).
+   row (each takes its place by an atomic add on the row's count).
 4. `resolve_kernel` [R]: the exact cut from the sums and the copied values (the k-th
    candidate by a search over their order keys, then top-p's largest value whose
    mass at or above it reaches top_p x the total), or, where the counts show the cut
@@ -213,13 +213,14 @@ def bracket_kernel(
 
 @triton.jit
 def collect_kernel(
-    logits_ptr, temperature_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
+    logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
     vocab, row_stride, num_chunks,
     CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
     """Step 3: the chunk's candidates above and below the range (count, mass), and
     its candidates inside the range copied out. sums[row, chunk] = (count above, mass
-    above, count below, mass below), counts as fp32 of exact small integers (<= CHUNK)."""
+    above, count below, mass below), counts as fp32 of exact small integers (<= CHUNK),
+    masses only where top-p is on (the resolve reads them only then)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     if tl.load(span_ptr + row * 3 + 2) != 0:
@@ -236,16 +237,18 @@ def collect_kernel(
         above = candidate & (where > range_hi)
         below = candidate & (where < range_lo)
         inside = candidate & ~above & ~below
-        w = candidate_weights(x, thr, top, temp)
         out = sums_ptr + (row * num_chunks + chunk) * 4
         tl.store(out, tl.sum(above.to(tl.float32), 0))
-        tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
         tl.store(out + 2, tl.sum(below.to(tl.float32), 0))
-        tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
-        number = tl.sum(inside.to(tl.int32), 0)
-        if number > 0:
-            start = tl.atomic_add(count_ptr + row, number)
-            place = start + tl.cumsum(inside.to(tl.int32), 0) - 1
+        if tl.load(top_p_ptr + row) < 1.0:  # masses only for top-p (an exp a token)
+            w = candidate_weights(x, thr, top, temp)
+            tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
+            tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
+        if tl.max(inside.to(tl.int32), 0) > 0:
+            # One atomic add a copied token takes its place (a scan of the chunk's
+            # mask for places cost 3x the rest of this kernel on an H200).
+            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
+            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
             tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
 
 
