@@ -225,6 +225,32 @@ def test_interpreted_kernel_equals_reference(batch):
             assert got[r].item() == want[r].item(), f"row {r}"
 
 
+@pytest.mark.interpreter
+def test_split_path_finishes_typical_rows(monkeypatch):
+    """split.py's two reads finish every top-k / top-p row of a typical batch (random
+    logits, V = 1,000, the GPU's window depth) with the oracle's cut, and leave min-p
+    rows to the per-row search: a split path that finished nothing would still give
+    exact cuts through the search, only slower, so this is what catches it."""
+    import specdraft.ops.sampling.truncation.op as launch
+
+    for name, value in {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64}.items():
+        monkeypatch.setattr(launch, name, value)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(8, 1000, generator=gen) * 3
+    temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 0.7, 1.0, 1.0])
+    top_k = torch.tensor([50, 0, 0, 20, 5, 1, 0, 0], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 0.5, 0.9, 1.0, 1.0, 0.9, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.1])
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (logits.to(dtype), temperature, top_k, top_p, min_p)
+        cut, done = launch.split_cut(*args)
+        assert done.tolist() == [1] * 6 + [0, 0], dtype
+        rows = rows_of(args[0])
+        for r in range(6):
+            want, _ = spec.truncation_cut(rows[r], temperature[r].item(), top_k[r].item(), top_p[r].item(), 0.0)
+            assert cut[r].item() == want, (dtype, r)
+
+
 # ------------------------------------------------------------ op, compile, inputs
 
 
