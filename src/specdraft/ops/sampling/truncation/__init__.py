@@ -38,9 +38,11 @@ limit of the softmax). The cut is always a value of the row or -inf, so
 The samplers take the cut as their optional `logit_cut` (draft_sample one per row,
 rejection_sample one per target row [B, K + 1], tree_verify one per node [B, N]).
 
-Files: kernel.py (the Triton kernel, without a sort: its passes), reference.py (the
-sort-based torch reference, the CPU path), op.py (the registered op, its public
-wrapper and checked mode's value checker).
+Files: split.py (the CUDA path: two reads of the logits split over the GPU, then
+exact work on the values that decide; rows it leaves undone, and min-p rows, go
+to kernel.py), kernel.py (the per-row search without a sort: its passes),
+reference.py (the sort-based torch reference, the CPU path), op.py (the registered
+op, its public wrapper and checked mode's value checker).
 """
 
 from .op import check_truncation_cut_values, truncation_cut

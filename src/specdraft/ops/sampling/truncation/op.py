@@ -125,8 +125,9 @@ def truncation_cut(
     (keep every token: greedy rows, rows with every parameter off, rows with no
     logit above -inf).
 
-    No host sync. On CUDA one kernel, one program per row, without a sort (kernel.py
-    counts its passes).
+    No host sync. On CUDA split.py's four kernels (two reads of the logits over
+    the whole GPU), then kernel.py's per-row search for the rows they leave undone
+    and for min-p rows; no sort.
 
     Args:
         logits: [R, V] fp32 / bf16 / fp16; rows contiguous, any row stride.
