@@ -17,16 +17,19 @@ Here a row is split over programs of CHUNK tokens, and the logits are read twice
    estimated as count x the weight at the bin's middle, crosses top_p x the
    estimated total, taken one bin wider on each side. w is chosen per row so that
    the window reaches every cut top-p and min-p can make (top_p_floor in kernel.py
-   for top-p, T x -ln(min_p) for min-p) and SPAN_K logits for top-k.
+   for top-p, T x -ln(min_p) for min-p) and 32 logits for top-k (a guess: a k-th
+   below the window is only slower).
 3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
    per chunk, fp64 over chunks) the candidates above the range (count and mass) and
-   below it, and copies the candidates inside it to a buffer of CAPACITY values a
-   row (each takes its place by an atomic add on the row's count).
+   below it, and copies the candidates inside it to a row's SHELVES shelves of
+   SHELF values (a token goes to shelf `index % SHELVES` and takes its place there
+   by an atomic add on the shelf's count: one count a row took the atomics of
+   ~3,000 tokens a row in turn, 400 us at B = 256).
 4. `resolve_kernel` [R]: the exact cut from the sums and the copied values (the k-th
    candidate by a search over their order keys, then top-p's largest value whose
    mass at or above it reaches top_p x the total), or, where the counts show the cut
    is not in the range (the estimate missed, the range held more than CAPACITY
-   values, the window did not reach the cut), nothing: the row is left undone.
+   values or a shelf more than SHELF, the window did not reach the cut), nothing: the row is left undone.
 
 kernel.py's per-row search then runs for the rows left undone only (the others
 return at once). So the cut is exact whatever the estimate: the estimate decides
@@ -46,9 +49,6 @@ bin and the two passes agree on every token's bin.
 
 from ...backend import tl, triton
 from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key
-
-SPAN_K = tl.constexpr(32.0)  # logits the window reaches below the max for top-k (a guess: a miss is only slower)
-BIN_LIMIT = tl.constexpr(1 << 29)  # bins are clamped here, so bin differences fit an int32
 
 
 @triton.jit
@@ -71,22 +71,23 @@ def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
 @triton.jit
 def bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB: tl.constexpr):
     """1 / w: the window's first NB - 3 bins reach top-p's floor (T ln(2V / (1 - top_p))
-    below the max), min-p's threshold (T ln(1 / min_p) below it) and SPAN_K logits
+    below the max), min-p's threshold (T ln(1 / min_p) below it) and 32 logits
     for top-k, whichever rules are on; at least T, so w > 0."""
     span = temp
     tail = tl.maximum(1.0 - top_p, 1e-30)  # top_p < 1 when on; NaN is off
     span = tl.where(top_p_on, tl.maximum(span, temp * tl.log(2.0 * vocab / tail)), span)
     ratio = tl.where(min_p_on, tl.minimum(min_p, 1.0), 1.0)
     span = tl.where(min_p_on, tl.maximum(span, -temp * tl.log(ratio)), span)
-    span = tl.where(top_k_on, tl.maximum(span, SPAN_K), span)
+    span = tl.where(top_k_on, tl.maximum(span, 32.0), span)
     # NB - 3 bins: the max sits anywhere in its bin, and the threshold's rounding.
     return (NB - 3) / span
 
 
 @triton.jit
 def bin_of(x, inv_width):
-    """floor(x / w), clamped to +-BIN_LIMIT (-inf and +inf land on the ends)."""
-    scaled = tl.minimum(tl.maximum(x * inv_width, -BIN_LIMIT), BIN_LIMIT)
+    """floor(x / w), clamped to +-2**29 (-inf and +inf land on the ends), so that
+    differences of bins fit an int32."""
+    scaled = tl.minimum(tl.maximum(x * inv_width, -536870912.0), 536870912.0)
     return tl.floor(scaled).to(tl.int32)
 
 
@@ -118,7 +119,7 @@ def window_kernel(
 def bracket_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, bounds_ptr, span_ptr,
     count_ptr, cut_ptr, done_ptr, vocab, num_chunks,
-    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
+    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHELVES: tl.constexpr,
 ):  # fmt: skip
     """Step 2: the row's max and the range of bins to copy. bounds[row] = (max, min-p
     threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go): go =
@@ -158,8 +159,13 @@ def bracket_kernel(
             lo = tl.zeros([], tl.int32)
             hi = tl.full([], NB - 2, tl.int32)
             found = tl.full([], 1, tl.int1)
+            kept = counts  # top-p's estimate: the tokens top-k keeps in each bin
             if top_k_on:
-                k_bin = tl.min(tl.where(tl.cumsum(counts, 0) >= top_k, bins, NB), 0)
+                reached = tl.cumsum(counts, 0)
+                k_bin = tl.min(tl.where(reached >= top_k, bins, NB), 0)
+                # The k-th's bin keeps only k minus those above it (the rest of the
+                # bin would move top-p's estimate deeper).
+                kept = tl.where(bins == k_bin, (top_k - (reached - counts)).to(tl.int32), counts)
                 if k_bin == NB:
                     # Fewer than k tokens in the window: fewer than k candidates if the
                     # window holds them all (the smallest is the cut), else the k-th
@@ -191,7 +197,9 @@ def bracket_kernel(
                     spread > 1e-6, (tl.exp(c) - tl.exp(a)) / tl.where(spread > 1e-6, spread, 1.0), tl.exp(c)
                 )
                 last = tl.where(top_k_on, hi, NB - 2)
-                mass = tl.where(bins <= last, counts.to(tl.float32) * mean, 0.0)
+                # The max itself weighs 1, not its bin's mean (peaked rows: most of the mass).
+                mass = tl.where(bins == 0, 1.0 + (kept.to(tl.float32) - 1.0) * mean, kept.to(tl.float32) * mean)
+                mass = tl.where(bins <= last, mass, 0.0)
                 running = tl.cumsum(mass, 0)
                 target = tl.maximum(top_p, 0.0) * tl.sum(mass, 0)
                 p_bin = tl.min(tl.where(running >= target, bins, NB - 2), 0)
@@ -214,7 +222,7 @@ def bracket_kernel(
             tl.store(bounds_ptr + row * 3 + 2, inv_width)
             tl.store(span_ptr + row * 3, top_bin - hi)  # absolute bins, the deepest first
             tl.store(span_ptr + row * 3 + 1, top_bin - lo)
-            tl.store(count_ptr + row, 0)
+            tl.store(count_ptr + row * SHELVES + tl.arange(0, SHELVES), tl.zeros([SHELVES], tl.int32))
     tl.store(span_ptr + row * 3 + 2, go)
     tl.store(done_ptr + row, done.to(tl.int8))
     if done != 0:
@@ -225,7 +233,7 @@ def bracket_kernel(
 def collect_kernel(
     logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
     vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+    CHUNK: tl.constexpr, SHELVES: tl.constexpr, SHELF: tl.constexpr,
 ):  # fmt: skip
     """Step 3: the chunk's candidates above and below the range (count, mass), and
     its candidates inside the range copied out. sums[row, chunk] = (count above, mass
@@ -255,61 +263,67 @@ def collect_kernel(
             tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
             tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
         if tl.max(inside.to(tl.int32), 0) > 0:
-            # One atomic add a copied token takes its place (a scan of the chunk's
-            # mask for places cost 3x the rest of this kernel on an H200).
-            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
-            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
-            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
+            # One atomic add a copied token takes its place on its shelf (a scan of the
+            # chunk's mask for places cost 3x the rest of this kernel on an H200).
+            shelf = row * SHELVES + idx % SHELVES
+            place = tl.atomic_add(count_ptr + shelf, tl.full([CHUNK], 1, tl.int32), mask=inside)
+            tl.store(values_ptr + shelf * SHELF + place, x, mask=inside & (place < SHELF))
 
 
 @triton.jit
-def copied_tile(row_values, start, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
-    """A tile of the copied values: (values, their order keys as int64, valid)."""
+def copied_tile(row_values, row_counts, shelf, start, SHIFT: tl.constexpr, TILE: tl.constexpr,
+                SHELF: tl.constexpr):  # fmt: skip
+    """A tile of a shelf's copied values: (values, their order keys as int64, valid)."""
     slots = start + tl.arange(0, TILE)
-    valid = slots < number
-    values = tl.load(row_values + slots, mask=valid, other=float("-inf"))
+    valid = slots < tl.load(row_counts + shelf)
+    values = tl.load(row_values + shelf * SHELF + slots, mask=valid, other=float("-inf"))
     return values, order_key(values, SHIFT).to(tl.int64), valid
 
 
 @triton.jit
-def copied_key_range(row_values, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
+def copied_key_range(row_values, row_counts, SHIFT: tl.constexpr, TILE: tl.constexpr, SHELVES: tl.constexpr,
+                     SHELF: tl.constexpr):  # fmt: skip
     """(the lowest, the highest) order key of the copied values."""
     lowest = tl.full([], 1 << 40, tl.int64)
     highest = tl.full([], -(1 << 40), tl.int64)
-    for start in range(0, number, TILE):
-        _, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
-        lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
-        highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
+    for shelf in range(SHELVES):
+        for start in range(0, tl.load(row_counts + shelf), TILE):
+            _, keys, valid = copied_tile(row_values, row_counts, shelf, start, SHIFT, TILE, SHELF)
+            lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
+            highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
     return lowest, highest
 
 
 @triton.jit
-def copied_reach(row_values, number, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
-                 TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+def copied_reach(row_values, row_counts, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
+                 TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr, SHELF: tl.constexpr):  # fmt: skip
     """Per pivot, the copied values with key >= the pivot and >= base: their number
     (MASS false) or mass (a tile's in fp32, the tiles' in fp64)."""
     reach = tl.zeros([PIVOTS], tl.float64)
-    for start in range(0, number, TILE):
-        values, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
-        if MASS:
-            each = candidate_weights(values, thr, top, temp)
-        else:
-            each = tl.full([TILE], 1.0, tl.float32)
-        each = tl.where(valid & (keys >= base), each, 0.0)
-        reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
+    for shelf in range(SHELVES):
+        for start in range(0, tl.load(row_counts + shelf), TILE):
+            values, keys, valid = copied_tile(row_values, row_counts, shelf, start, SHIFT, TILE, SHELF)
+            if MASS:
+                each = candidate_weights(values, thr, top, temp)
+            else:
+                each = tl.full([TILE], 1.0, tl.float32)
+            each = tl.where(valid & (keys >= base), each, 0.0)
+            reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
     return reach
 
 
 @triton.jit
-def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
-                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+def copied_search(row_values, row_counts, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
+                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr,
+                  SHELF: tl.constexpr):  # fmt: skip
     """The largest key t in [lo, hi) with floor + copied_reach(t) >= goal; lo where
     none does (lo counts as passing). PIVOTS keys a pass: the interval shrinks
     PIVOTS + 1 times (copied bf16 values span a few keys: one or two passes)."""
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
         pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
-        reach = floor + copied_reach(row_values, number, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS)
+        reach = floor + copied_reach(row_values, row_counts, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS,
+                                     SHELVES, SHELF)  # fmt: skip
         passing = reach >= goal  # a prefix: reach never grows with the pivot
         new_lo = tl.max(tl.where(passing, pivots, lo), 0)
         hi = tl.min(tl.where(passing, hi, pivots), 0)
@@ -321,14 +335,17 @@ def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp,
 def resolve_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr, done_ptr,
     vocab, num_chunks,
-    CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr,
+    CHUNKS: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr,
+    SHELF: tl.constexpr,
 ):  # fmt: skip
     """Step 4: the exact cut from the sums and the copied values, or nothing (the row
     stays undone) where they show the cut outside the range. Copied values are values
     of the logits' dtype, so SHIFT's keys (kernel.py) are one-to-one on them."""
     row = tl.program_id(0).to(tl.int64)
-    number = tl.load(count_ptr + row)
-    if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
+    row_counts = count_ptr + row * SHELVES
+    shelf_counts = tl.load(row_counts + tl.arange(0, SHELVES))
+    number = tl.sum(shelf_counts, 0)
+    if (tl.load(span_ptr + row * 3 + 2) != 0) & (tl.max(shelf_counts, 0) <= SHELF):  # else a shelf overflowed
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
         temp = tl.load(temperature_ptr + row)
@@ -343,8 +360,8 @@ def resolve_kernel(
         mass_above = tl.sum(tl.load(part + 1, mask=real, other=0.0).to(tl.float64), 0)
         count_below = tl.sum(tl.load(part + 2, mask=real, other=0.0).to(tl.int64), 0)
         mass_below = tl.sum(tl.load(part + 3, mask=real, other=0.0).to(tl.float64), 0)
-        row_values = values_ptr + row * CAPACITY
-        lowest, highest = copied_key_range(row_values, number, SHIFT, TILE)
+        row_values = values_ptr + row * SHELVES * SHELF
+        lowest, highest = copied_key_range(row_values, row_counts, SHIFT, TILE, SHELVES, SHELF)
         smallest_known = (count_below == 0) & (number > 0)  # the smallest candidate is copied
 
         ok = tl.full([], 1, tl.int1)
@@ -353,8 +370,8 @@ def resolve_kernel(
         if top_k_on:
             need = top_k - count_above
             if (need >= 1) & (need <= number):
-                base = copied_search(row_values, number, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
-                                     thr, top, temp, False, SHIFT, TILE, PIVOTS)  # fmt: skip
+                base = copied_search(row_values, row_counts, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
+                                     thr, top, temp, False, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
             else:
                 ok = (need > number) & smallest_known  # fewer than k candidates: the smallest
         else:
@@ -362,15 +379,15 @@ def resolve_kernel(
             ok = top_p_on | smallest_known  # min-p alone: the smallest candidate
         cut_key = base
         if top_p_on & ok:
-            all_kept = copied_reach(row_values, number, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
-                                    temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+            all_kept = copied_reach(row_values, row_counts, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
+                                    temp, True, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
             total = mass_above + tl.max(all_kept, 0) + tl.where(with_below, mass_below, 0.0)
             goal = top_p.to(tl.float64) * total
             if (count_above > 0) & (mass_above >= goal):
                 ok = False  # the cut is above the range
             else:
-                cut_key = copied_search(row_values, number, base, highest + 1, base, mass_above, goal, thr, top,
-                                        temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+                cut_key = copied_search(row_values, row_counts, base, highest + 1, base, mass_above, goal, thr, top,
+                                        temp, True, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
                 # Where even every copied value falls short, the cut is below the range.
                 ok = (number > 0) & (mass_above + tl.max(all_kept, 0) >= goal)
         if ok:
