@@ -23,13 +23,12 @@ if TRITON_INTERPRET:
     # a small window and capacity send many rows to kernel.py's search, so both
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
-    CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS, SHELVES = 16, 8, 8, 4, 4, 2
+    CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
-    SHELVES = 16  # a row's copies go to this many shelves (atomic counts) of 2 * CAPACITY / SHELVES
     RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
@@ -55,9 +54,8 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     hist = torch.empty((num_rows, num_chunks, WINDOW_BINS), dtype=torch.int32, device=device)
     bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
     span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
-    shelf = 2 * CAPACITY // SHELVES  # twice the even share: tokens land on shelves by index
-    count = torch.empty((num_rows, SHELVES), dtype=torch.int32, device=device)
-    values = torch.empty((num_rows, SHELVES, shelf), dtype=torch.float32, device=device)
+    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
+    values = torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device)
     sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
     params = (temperature, top_k, top_p, min_p)
     wrap_triton(window_kernel)[(num_rows, num_chunks)](
@@ -66,16 +64,16 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     )  # fmt: skip
     wrap_triton(bracket_kernel)[(num_rows,)](
         *params, chunk_max, hist, bounds, span, count, cut, done, vocab, num_chunks,
-        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, SHELVES=SHELVES, num_warps=4,
+        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=4,
     )  # fmt: skip
     wrap_triton(collect_kernel)[(num_rows, num_chunks)](
         logits, temperature, top_p, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
-        CHUNK=CHUNK, SHELVES=SHELVES, SHELF=shelf, num_warps=NUM_WARPS,
+        CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
     )  # fmt: skip
     wrap_triton(resolve_kernel)[(num_rows,)](
         temperature, top_k, top_p, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
-        CHUNKS=chunks, SHIFT=KEY_SHIFT[logits.dtype], TILE=RESOLVE_TILE, PIVOTS=PIVOTS, SHELVES=SHELVES,
-        SHELF=shelf, num_warps=4,
+        CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=KEY_SHIFT[logits.dtype], TILE=RESOLVE_TILE, PIVOTS=PIVOTS,
+        num_warps=4,
     )  # fmt: skip
     return cut, done
 

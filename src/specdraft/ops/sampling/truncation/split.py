@@ -21,15 +21,13 @@ Here a row is split over programs of CHUNK tokens, and the logits are read twice
    below the window is only slower).
 3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
    per chunk, fp64 over chunks) the candidates above the range (count and mass) and
-   below it, and copies the candidates inside it to a row's SHELVES shelves of
-   SHELF values (a token goes to shelf `index % SHELVES` and takes its place there
-   by an atomic add on the shelf's count: one count a row took the atomics of
-   ~3,000 tokens a row in turn, 400 us at B = 256).
+   below it, and copies the candidates inside it to a buffer of CAPACITY values a
+   row (each takes its place by an atomic add on the row's count).
 4. `resolve_kernel` [R]: the exact cut from the sums and the copied values (the k-th
    candidate by a search over their order keys, then top-p's largest value whose
    mass at or above it reaches top_p x the total), or, where the counts show the cut
    is not in the range (the estimate missed, the range held more than CAPACITY
-   values or a shelf more than SHELF, the window did not reach the cut), nothing: the row is left undone.
+   values, the window did not reach the cut), nothing: the row is left undone.
 
 kernel.py's per-row search then runs for the rows left undone only (the others
 return at once). So the cut is exact whatever the estimate: the estimate decides
@@ -40,7 +38,9 @@ kernels here handle min-p's threshold all the same, so that choice is one line.
 Measured on an H200 (B = 256, V = 152k, bf16, random rows): the window pass 98 us
 (tl.histogram is most of it: a read with the bins alone is 36 us), the collect pass
 145 us for top-k and 400 us for top-p (copying ~3,000 tokens a row by atomic adds
-on one count; a scan of each chunk's mask instead: 250 us), the resolve 5-40 us.
+on one count; a scan of each chunk's mask instead: 250 us; 16 counts a row, one a
+token's index residue: 392 us, so the atomics' own cost, not one count's
+contention), the resolve 5-40 us.
 
 Bins are found by the same fp32 computation in steps 1 and 3 (floor of x / w,
 clamped), which is monotone in x, so a bin's tokens are all above those of a lower
@@ -71,14 +71,16 @@ def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
 @triton.jit
 def bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB: tl.constexpr):
     """1 / w: the window's first NB - 3 bins reach top-p's floor (T ln(2V / (1 - top_p))
-    below the max), min-p's threshold (T ln(1 / min_p) below it) and 32 logits
-    for top-k, whichever rules are on; at least T, so w > 0."""
+    below the max), min-p's threshold (T ln(1 / min_p) below it) and, for top-k
+    without top-p, 32 logits, whichever rules are on; at least T, so w > 0. (With
+    top-p on, the k-th counts only above top-p's floor: 32 logits would make the
+    bins too coarse for top-p's estimate.)"""
     span = temp
     tail = tl.maximum(1.0 - top_p, 1e-30)  # top_p < 1 when on; NaN is off
     span = tl.where(top_p_on, tl.maximum(span, temp * tl.log(2.0 * vocab / tail)), span)
     ratio = tl.where(min_p_on, tl.minimum(min_p, 1.0), 1.0)
     span = tl.where(min_p_on, tl.maximum(span, -temp * tl.log(ratio)), span)
-    span = tl.where(top_k_on, tl.maximum(span, 32.0), span)
+    span = tl.where(top_k_on & ~top_p_on, tl.maximum(span, 32.0), span)
     # NB - 3 bins: the max sits anywhere in its bin, and the threshold's rounding.
     return (NB - 3) / span
 
@@ -119,7 +121,7 @@ def window_kernel(
 def bracket_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, bounds_ptr, span_ptr,
     count_ptr, cut_ptr, done_ptr, vocab, num_chunks,
-    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHELVES: tl.constexpr,
+    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
     """Step 2: the row's max and the range of bins to copy. bounds[row] = (max, min-p
     threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go): go =
@@ -210,6 +212,11 @@ def bracket_kernel(
                 both = tl.sum(tl.where((bins >= p_lo) & (bins <= p_hi), counts, 0), 0) <= CAPACITY
                 p_lo = tl.where(both | (into < 0.5), p_lo, p_bin)
                 p_hi = tl.where(both | (into >= 0.5), p_hi, p_bin)
+                # And up to the next bin above that holds a token, where it fits (the
+                # estimate is coarsest across empty bins: a peaked row's next token).
+                above = tl.max(tl.where((bins < p_lo) & (counts > 0), bins, -1), 0)
+                wider = tl.sum(tl.where((bins >= above) & (bins <= p_hi), counts, 0), 0) <= CAPACITY
+                p_lo = tl.where((above >= 0) & wider, above, p_lo)
                 if top_k_on:
                     lo = tl.minimum(p_lo, lo)
                 else:
@@ -222,7 +229,7 @@ def bracket_kernel(
             tl.store(bounds_ptr + row * 3 + 2, inv_width)
             tl.store(span_ptr + row * 3, top_bin - hi)  # absolute bins, the deepest first
             tl.store(span_ptr + row * 3 + 1, top_bin - lo)
-            tl.store(count_ptr + row * SHELVES + tl.arange(0, SHELVES), tl.zeros([SHELVES], tl.int32))
+            tl.store(count_ptr + row, 0)
     tl.store(span_ptr + row * 3 + 2, go)
     tl.store(done_ptr + row, done.to(tl.int8))
     if done != 0:
@@ -233,7 +240,7 @@ def bracket_kernel(
 def collect_kernel(
     logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
     vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr, SHELVES: tl.constexpr, SHELF: tl.constexpr,
+    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
     """Step 3: the chunk's candidates above and below the range (count, mass), and
     its candidates inside the range copied out. sums[row, chunk] = (count above, mass
@@ -263,67 +270,61 @@ def collect_kernel(
             tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
             tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
         if tl.max(inside.to(tl.int32), 0) > 0:
-            # One atomic add a copied token takes its place on its shelf (a scan of the
-            # chunk's mask for places cost 3x the rest of this kernel on an H200).
-            shelf = row * SHELVES + idx % SHELVES
-            place = tl.atomic_add(count_ptr + shelf, tl.full([CHUNK], 1, tl.int32), mask=inside)
-            tl.store(values_ptr + shelf * SHELF + place, x, mask=inside & (place < SHELF))
+            # One atomic add a copied token takes its place (a scan of the chunk's
+            # mask for places cost 3x the rest of this kernel on an H200).
+            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
+            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
+            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
 
 
 @triton.jit
-def copied_tile(row_values, row_counts, shelf, start, SHIFT: tl.constexpr, TILE: tl.constexpr,
-                SHELF: tl.constexpr):  # fmt: skip
-    """A tile of a shelf's copied values: (values, their order keys as int64, valid)."""
+def copied_tile(row_values, start, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """A tile of the copied values: (values, their order keys as int64, valid)."""
     slots = start + tl.arange(0, TILE)
-    valid = slots < tl.load(row_counts + shelf)
-    values = tl.load(row_values + shelf * SHELF + slots, mask=valid, other=float("-inf"))
+    valid = slots < number
+    values = tl.load(row_values + slots, mask=valid, other=float("-inf"))
     return values, order_key(values, SHIFT).to(tl.int64), valid
 
 
 @triton.jit
-def copied_key_range(row_values, row_counts, SHIFT: tl.constexpr, TILE: tl.constexpr, SHELVES: tl.constexpr,
-                     SHELF: tl.constexpr):  # fmt: skip
+def copied_key_range(row_values, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
     """(the lowest, the highest) order key of the copied values."""
     lowest = tl.full([], 1 << 40, tl.int64)
     highest = tl.full([], -(1 << 40), tl.int64)
-    for shelf in range(SHELVES):
-        for start in range(0, tl.load(row_counts + shelf), TILE):
-            _, keys, valid = copied_tile(row_values, row_counts, shelf, start, SHIFT, TILE, SHELF)
-            lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
-            highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
+    for start in range(0, number, TILE):
+        _, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
+        lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
+        highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
     return lowest, highest
 
 
 @triton.jit
-def copied_reach(row_values, row_counts, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
-                 TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr, SHELF: tl.constexpr):  # fmt: skip
+def copied_reach(row_values, number, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
+                 TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
     """Per pivot, the copied values with key >= the pivot and >= base: their number
     (MASS false) or mass (a tile's in fp32, the tiles' in fp64)."""
     reach = tl.zeros([PIVOTS], tl.float64)
-    for shelf in range(SHELVES):
-        for start in range(0, tl.load(row_counts + shelf), TILE):
-            values, keys, valid = copied_tile(row_values, row_counts, shelf, start, SHIFT, TILE, SHELF)
-            if MASS:
-                each = candidate_weights(values, thr, top, temp)
-            else:
-                each = tl.full([TILE], 1.0, tl.float32)
-            each = tl.where(valid & (keys >= base), each, 0.0)
-            reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
+    for start in range(0, number, TILE):
+        values, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
+        if MASS:
+            each = candidate_weights(values, thr, top, temp)
+        else:
+            each = tl.full([TILE], 1.0, tl.float32)
+        each = tl.where(valid & (keys >= base), each, 0.0)
+        reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
     return reach
 
 
 @triton.jit
-def copied_search(row_values, row_counts, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
-                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr,
-                  SHELF: tl.constexpr):  # fmt: skip
+def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
+                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
     """The largest key t in [lo, hi) with floor + copied_reach(t) >= goal; lo where
     none does (lo counts as passing). PIVOTS keys a pass: the interval shrinks
     PIVOTS + 1 times (copied bf16 values span a few keys: one or two passes)."""
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
         pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
-        reach = floor + copied_reach(row_values, row_counts, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS,
-                                     SHELVES, SHELF)  # fmt: skip
+        reach = floor + copied_reach(row_values, number, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS)
         passing = reach >= goal  # a prefix: reach never grows with the pivot
         new_lo = tl.max(tl.where(passing, pivots, lo), 0)
         hi = tl.min(tl.where(passing, hi, pivots), 0)
@@ -335,17 +336,14 @@ def copied_search(row_values, row_counts, lo, hi, base, floor, goal, thr, top, t
 def resolve_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr, done_ptr,
     vocab, num_chunks,
-    CHUNKS: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr, SHELVES: tl.constexpr,
-    SHELF: tl.constexpr,
+    CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr,
 ):  # fmt: skip
     """Step 4: the exact cut from the sums and the copied values, or nothing (the row
     stays undone) where they show the cut outside the range. Copied values are values
     of the logits' dtype, so SHIFT's keys (kernel.py) are one-to-one on them."""
     row = tl.program_id(0).to(tl.int64)
-    row_counts = count_ptr + row * SHELVES
-    shelf_counts = tl.load(row_counts + tl.arange(0, SHELVES))
-    number = tl.sum(shelf_counts, 0)
-    if (tl.load(span_ptr + row * 3 + 2) != 0) & (tl.max(shelf_counts, 0) <= SHELF):  # else a shelf overflowed
+    number = tl.load(count_ptr + row)
+    if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
         temp = tl.load(temperature_ptr + row)
@@ -360,8 +358,8 @@ def resolve_kernel(
         mass_above = tl.sum(tl.load(part + 1, mask=real, other=0.0).to(tl.float64), 0)
         count_below = tl.sum(tl.load(part + 2, mask=real, other=0.0).to(tl.int64), 0)
         mass_below = tl.sum(tl.load(part + 3, mask=real, other=0.0).to(tl.float64), 0)
-        row_values = values_ptr + row * SHELVES * SHELF
-        lowest, highest = copied_key_range(row_values, row_counts, SHIFT, TILE, SHELVES, SHELF)
+        row_values = values_ptr + row * CAPACITY
+        lowest, highest = copied_key_range(row_values, number, SHIFT, TILE)
         smallest_known = (count_below == 0) & (number > 0)  # the smallest candidate is copied
 
         ok = tl.full([], 1, tl.int1)
@@ -370,8 +368,8 @@ def resolve_kernel(
         if top_k_on:
             need = top_k - count_above
             if (need >= 1) & (need <= number):
-                base = copied_search(row_values, row_counts, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
-                                     thr, top, temp, False, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
+                base = copied_search(row_values, number, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
+                                     thr, top, temp, False, SHIFT, TILE, PIVOTS)  # fmt: skip
             else:
                 ok = (need > number) & smallest_known  # fewer than k candidates: the smallest
         else:
@@ -379,15 +377,15 @@ def resolve_kernel(
             ok = top_p_on | smallest_known  # min-p alone: the smallest candidate
         cut_key = base
         if top_p_on & ok:
-            all_kept = copied_reach(row_values, row_counts, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
-                                    temp, True, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
+            all_kept = copied_reach(row_values, number, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
+                                    temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
             total = mass_above + tl.max(all_kept, 0) + tl.where(with_below, mass_below, 0.0)
             goal = top_p.to(tl.float64) * total
             if (count_above > 0) & (mass_above >= goal):
                 ok = False  # the cut is above the range
             else:
-                cut_key = copied_search(row_values, row_counts, base, highest + 1, base, mass_above, goal, thr, top,
-                                        temp, True, SHIFT, TILE, PIVOTS, SHELVES, SHELF)  # fmt: skip
+                cut_key = copied_search(row_values, number, base, highest + 1, base, mass_above, goal, thr, top,
+                                        temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
                 # Where even every copied value falls short, the cut is below the range.
                 ok = (number > 0) & (mass_above + tl.max(all_kept, 0) >= goal)
         if ok:
