@@ -60,7 +60,7 @@ def blocks(text: str, path: Path = README) -> list[Block]:
         previous = found[-1] if found else None
         # Output: a text block separated from its python block by blank lines only.
         if block.language == "text" and previous is not None and previous.language == "python":
-            between = lines[previous.line + previous.source.count("\n") : start]
+            between = lines[previous.line + previous.source.count("\n") + 1 : start]  # after its closing fence
             if all(not line.strip() for line in between):
                 previous.output = block.source
         found.append(block)
@@ -70,6 +70,15 @@ def blocks(text: str, path: Path = README) -> list[Block]:
 
 ALL = [block for doc in DOCS for block in blocks(doc.read_text(), doc)]
 PYTHON = [b for b in ALL if b.language == "python"]
+
+
+def test_a_text_block_after_a_python_block_is_its_output():
+    """The parser attaches the output (it once compared from the python block's closing
+    fence, never blank, so no output was ever checked)."""
+    doc = "```python\nprint(1)\n```\n\n```text\n1\n```\n\n```python\nx = 2\n```\nprose\n```text\n2\n```\n"
+    first, _, second, _ = blocks(doc)
+    assert first.output == "1\n" and second.output is None
+    assert sum(b.output is not None for b in PYTHON) >= 10  # the docs' shown outputs are checked
 
 
 def test_every_block_says_its_language():

@@ -7,6 +7,11 @@ best over the whole batch, up to a budget, instead of K per request.
   its probability of its own token when it drafts greedily). The expected gain of
   verifying position j is the product s[r, 0] * ... * s[r, j]: the chance every draft
   up to j is accepted.
+- **Calibration** (optional, the decoder's `calibration`): each position's estimates
+  scaled by a running ratio, kept on the device, of the drafts accepted there to
+  their estimates (an EMA over the passes; no host read), so a head that is over- or
+  under-confident at a position is corrected there. It reads only past passes, so the
+  allocation still never reads the tokens it decides on.
 - **Allocation**: the `budget` best positions of the batch by that gain (ops.budget_keep:
   ties go to the lower position, so a kept draft always has its predecessors kept). A
   request keeps a prefix of its drafts, possibly none (it decodes plainly that
@@ -78,6 +83,34 @@ def expected_gains(survival: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
     return torch.where(done[:, None], -1.0, rates.cumprod(dim=1))
 
 
+def calibrated(survival: torch.Tensor, calibration: torch.Tensor | None) -> torch.Tensor:
+    """survival [B, K] scaled at each position j by the running ratio of the drafts
+    accepted there to their estimates: calibration [2, K] = (EMA of the drafts
+    accepted at j a pass, EMA of the estimates of the drafts tested at j a pass),
+    each with one pseudo-draft added, so the factor is 1 before any pass and a head
+    that is over- or under-confident at a position is corrected there
+    (expected_gains clamps the product to [0, 1]). None: the estimates as they are."""
+    if calibration is None:
+        return survival
+    return survival * ((calibration[0] + 1.0) / (calibration[1] + 1.0))
+
+
+def updated_calibration(calibration: torch.Tensor, survival: torch.Tensor, counts: torch.Tensor,
+                        num_drafts: torch.Tensor, done: torch.Tensor, weight: float) -> torch.Tensor:  # fmt: skip
+    """The calibration after a pass (weight: the newest pass's share of the EMA). Draft
+    j of request r was tested if r was running, verified it, and accepted every draft
+    before it (counts [B]: drafts accepted); it was accepted if counts > j. The
+    estimates are the uncalibrated ones (survival [B, K]), read as expected_gains
+    reads them (NaN as 0, clamped to [0, 1])."""
+    steps = torch.arange(survival.shape[1], device=survival.device)
+    counts = counts.long()[:, None]
+    tested = (~done)[:, None] & (counts >= steps[None, :]) & (steps[None, :] < num_drafts.long()[:, None])
+    accepted = tested & (counts > steps[None, :])
+    rates = torch.nan_to_num(survival.float(), nan=0.0).clamp(0.0, 1.0)
+    now = torch.stack([accepted.sum(dim=0).float(), torch.where(tested, rates, 0.0).sum(dim=0)])
+    return calibration * (1.0 - weight) + now * weight
+
+
 def kept_drafts(survival: torch.Tensor, done: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
     """[B] int32: how many drafts each request verifies this iteration."""
     gains = expected_gains(survival, done)
@@ -114,6 +147,19 @@ def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_t
     )
     rows = (starts[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=num_rows - 1)
     return PackedWindows(token_ids, positions, metadata, rows, num_drafts.to(torch.int32))
+
+
+def check_calibration(calibration, budget):
+    """The decoder's calibration argument: None (survival estimates as the proposer
+    gives them) or the newest pass's weight in (0, 1] of the running acceptance rates
+    that calibrate them (`calibrated`); only with a budget."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, bool) or not isinstance(calibration, (int, float)) or not 0.0 < calibration <= 1.0:
+        raise ValueError(f"calibration: the newest pass's weight in (0, 1] or None, got {calibration!r}")
+    if budget is None:
+        raise ValueError("calibration: calibrates a budget's survival estimates; pass budget= as well")
+    return float(calibration)
 
 
 def check_budget(budget, proposer):

@@ -19,7 +19,15 @@ from specdraft.layout import BatchMetadata
 from specdraft.models import default_aux_layers
 
 from . import checks
-from .budget import check_budget, kept_drafts, packed_windows, survival_from
+from .budget import (
+    calibrated,
+    check_budget,
+    check_calibration,
+    kept_drafts,
+    packed_windows,
+    survival_from,
+    updated_calibration,
+)
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats
 from .step_costs import PLAIN, Choice, StepCosts, conditional_rates, predicted_rates
@@ -89,7 +97,11 @@ class SpeculativeDecoder:
     tokens per second at its batch size, from the table's measured iteration times and
     the acceptance rates of the decoder's last run (the table's own at first). Needs a
     chain or block proposer returning survival estimates
-    (SpeculativeConfig(return_draft_confidence=True), or a DSpark confidence head). A compiled iteration is reused by every later run with the same
+    (SpeculativeConfig(return_draft_confidence=True), or a DSpark confidence head).
+    calibration: None, or with a budget the newest pass's weight in (0, 1] of running
+    per-position acceptance rates (an EMA kept on the device over a run's passes) that
+    scale the survival estimates before the allocation (budget.calibrated).
+    A compiled iteration is reused by every later run with the same
     batch size and the same all-greedy-or-not sampling (max_new_tokens, prompts,
     temperatures and seeds are tensors or host-side values it does not depend on).
 
@@ -111,9 +123,11 @@ class SpeculativeDecoder:
         compile: bool | dict = False,
         target_kv_caches: list[torch.Tensor] | None = None,
         budget: int | None = None,
+        calibration: float | None = None,
     ) -> None:
         checks.check_target(target)
         self.budget_policy = check_budget(budget, proposer)
+        self.calibration = check_calibration(calibration, budget)
         self.budget = budget if isinstance(budget, int) else None  # a StepCosts table chooses it per run
         self.acceptance_rates = budget.rates if isinstance(budget, StepCosts) else None
         self.full_proposer, self.fewer_drafts = proposer, {}  # a table may choose fewer drafts per run
@@ -216,6 +230,9 @@ class SpeculativeDecoder:
         # a run asked for a different length.
         width = self.max_model_len + self.k + 1
         state = initial_state(first[:, 0], prompt_lens, requests, self.k, width)
+        if self.calibration is not None:
+            rates = torch.zeros(2, self.k, dtype=torch.float32, device=first.device)
+            state = dataclasses.replace(state, calibration=rates)
         if self.proposer is None:
             return state
         return self.draft_after_prefill(state, token_ids, positions, draft_hidden, metadata, requests)
@@ -256,7 +273,7 @@ class SpeculativeDecoder:
         packed into B + min(budget, B * K) rows (generation/budget.py); rejection
         sampling of each request's kept drafts, and the commit."""
         num_reqs = state.lens.shape[0]
-        num_drafts = kept_drafts(state.survival, state.done, requests.budget)
+        num_drafts = kept_drafts(calibrated(state.survival, state.calibration), state.done, requests.budget)
         num_rows = num_reqs + min(self.budget, num_reqs * self.k)
         packed = packed_windows(state.last_tokens, state.drafts, state.lens, num_drafts, num_rows,
                                 requests.block_table, self.block_size, self.reach)  # fmt: skip
@@ -271,7 +288,12 @@ class SpeculativeDecoder:
                                             num_drafts)  # fmt: skip
         verified = Verified(packed.token_ids, packed.positions, draft_hidden, sampled, counts, state.lens,
                             state.last_tokens, state.done, packed.metadata, num_drafts)  # fmt: skip
-        return commit(state, sampled, counts, requests, num_drafts), verified
+        committed = commit(state, sampled, counts, requests, num_drafts)
+        if state.calibration is not None:
+            rates = updated_calibration(state.calibration, state.survival, counts, num_drafts, state.done,
+                                        self.calibration)  # fmt: skip
+            committed = dataclasses.replace(committed, calibration=rates)
+        return committed, verified
 
     def draft(self, state: DecodeState, verified: Verified, requests: Requests) -> DecodeState:
         """The proposer's padded path over the verified windows: each request samples

@@ -71,6 +71,8 @@ class DecodeState:
         likewise (before any cut at EOS or its limit, as `accepted`).
     survival [B, K] fp32 or None: the survival estimate of each draft (budgeted
         verification, generation/budget.py; None without a budget).
+    calibration [2, K] fp32 or None: the running acceptance rates that calibrate
+        them (budget.calibrated; None without the decoder's calibration).
     """
 
     last_tokens: torch.Tensor
@@ -86,6 +88,7 @@ class DecodeState:
     tested: torch.Tensor
     accepted_drafts: torch.Tensor
     survival: torch.Tensor | None
+    calibration: torch.Tensor | None = None
 
 
 def owned_copy(state: DecodeState) -> DecodeState:

@@ -52,6 +52,10 @@ class GenerationStats:
     iteration_verified, iteration_accepted [I, B] int64: the same, per iteration
         (I = num_verify_passes; 0 for a finished request), read with the one host copy
         each iteration makes anyway.
+    calibration [2, K] fp32 or None: with the decoder's calibration, the running
+        rates at the end of the run, per position: (drafts accepted, estimates of the
+        drafts tested), EMAs over the passes; the budget ranked by the proposer's
+        estimates x (accepted + 1) / (estimated + 1) (generation/budget.py).
     """
 
     num_generated: torch.Tensor
@@ -74,6 +78,7 @@ class GenerationStats:
     accepted_per_request: torch.Tensor | None = None
     iteration_verified: torch.Tensor | None = None
     iteration_accepted: torch.Tensor | None = None
+    calibration: torch.Tensor | None = None
 
 
 @dataclass
@@ -131,6 +136,7 @@ def build_stats(state: DecodeState, timings: Timings, trace: list[torch.Tensor] 
         tested_per_position=state.tested.cpu(),
         accepted_per_request=state.accepted_drafts.cpu(),
         **per_iteration(trace, passes.shape[0]),
+        calibration=None if getattr(state, "calibration", None) is None else state.calibration.cpu(),
     )
 
 
