@@ -145,6 +145,9 @@ REFUSED = [
     (["demo", "--budget", "-1"], "--budget must be auto or an int >= 0, got -1"),
     (["demo", "--budget", "half"], "--budget must be auto or an int >= 0, got 'half'"),
     (["demo", "--budget", "4", "--tree", "4,4,16"], "--budget with --tree 4,4,16: a draft tree verifies all its nodes"),
+    (["demo", "--calibration", "0.5"], "--calibration calibrates a budget's survival estimates: pass --budget"),
+    (["demo", "--budget", "4", "--calibration", "0"], "--calibration must be in (0, 1] (the newest pass's weight)"),
+    (["demo", "--budget", "4", "--calibration", "1.5"], "--calibration must be in (0, 1]"),
     # Truncation of the sampled run.
     (["demo", "--top-p", "0"], "--top-p must be in (0, 1] (1: off), got 0.0"),
     (["demo", "--min-p", "1.5"], "--min-p must be in [0, 1] (0: off), got 1.5"),

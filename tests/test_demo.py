@@ -265,6 +265,19 @@ def test_block_drafter_k_defaults_to_the_block_and_the_run():
     assert demo.parse_args([]).k == demo.DEFAULT_K and demo.parse_args([]).drafter == "eagle3"
 
 
+def test_demo_with_a_calibrated_budget(tmp_path, capsys):
+    """--budget 3 --calibration 0.5: identical greedy outputs, the budget and the
+    calibration named in the header and recorded in --json."""
+    path = tmp_path / "stats.json"
+    argv = [*SMALL, "--no-progress", "--no-sampled", "--budget", "3", "--calibration", "0.5", "--json", str(path)]
+    status, out, _ = run_demo(capsys, argv)
+    assert status == 0, out
+    assert "greedy outputs identical: yes" in out
+    assert "K = 3, budget 3, calibration 0.5" in out
+    got = json.loads(path.read_text())
+    assert got["budget"] == 3 and got["calibration"] == 0.5 and got["greedy_identical"]
+
+
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):
     drop_a_speculative_token(monkeypatch)
     path = tmp_path / "stats.json"

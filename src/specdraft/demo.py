@@ -78,11 +78,12 @@ def compile_options(device: str, enabled: bool):
 
 
 def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None,
-                   drafter: str = "eagle3", budget=None):  # fmt: skip
+                   drafter: str = "eagle3", budget=None, calibration=None):  # fmt: skip
     """(plain, speculative) decoders over the shipped target and `drafter`, for
     batches of up to num_prompts prompts; with tree (a TreeShape; EAGLE-3 only), the
     speculative one drafts trees; with budget (an int or a StepCosts table; chains
-    and blocks), it verifies a budget of drafts per iteration (SpeculativeDecoder)."""
+    and blocks), it verifies a budget of drafts per iteration (SpeculativeDecoder),
+    its estimates calibrated with calibration (the EMA's newest weight, or None)."""
     from specdraft.assets import load_demo_pair
     from specdraft.config import SpeculativeConfig
     from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
@@ -101,7 +102,7 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
     plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=compile)
     if tree is not None:
         return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile)
-    return plain, SpeculativeDecoder(target, proposer, compile=compile, budget=budget)
+    return plain, SpeculativeDecoder(target, proposer, compile=compile, budget=budget, calibration=calibration)
 
 
 def encode(texts) -> list[list[int]]:
@@ -245,7 +246,7 @@ def run_demo(args: argparse.Namespace) -> int:
         what = "plain decoding" if k == 0 else f"{k} drafts per request, at most {drafts} verified per iteration"
         print(f"--budget auto: at B = {len(prompts)} the step costs measured on the {budget.device} pick {what}")
     plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter,
-                                 budget=budget)  # fmt: skip
+                                 budget=budget, calibration=args.calibration)  # fmt: skip
     k = args.k if args.tree is None else args.tree.depth
     how = "eager"
     if compile is not False:
@@ -254,7 +255,9 @@ def run_demo(args: argparse.Namespace) -> int:
     name = DRAFTERS[args.drafter]
     print(f"specdraft demo: {name} speculative decoding with the shipped byte-level pair")
     drafts = (
-        f"K = {args.k}" + ("" if args.budget is None else f", budget {args.budget}")
+        f"K = {args.k}"
+        + ("" if args.budget is None else f", budget {args.budget}")
+        + ("" if args.calibration is None else f", calibration {args.calibration}")
         if args.tree is None
         else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens")
     )
@@ -280,7 +283,7 @@ def run_demo(args: argparse.Namespace) -> int:
     total = sum(len(t) for t in plain_out.tokens)
     record = {
         "drafter": args.drafter, "device": str(device), "compiled": compile is not False, "k": k,
-        "budget": None if budget is None else spec.budget,
+        "budget": None if budget is None else spec.budget, "calibration": args.calibration,
         "tree": None if args.tree is None else [args.tree.depth, args.tree.topk, args.tree.num_verify_tokens],
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "tokens": total,
         "greedy_identical": diff is None,
@@ -303,7 +306,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
         if args.tree is None:
-            eager = SpeculativeDecoder(spec.target, spec.proposer, budget=budget)
+            eager = SpeculativeDecoder(spec.target, spec.proposer, budget=budget, calibration=args.calibration)
         else:
             eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree)
         seeds = torch.arange(args.seed, args.seed + len(prompts))

@@ -58,6 +58,11 @@ def build_parser(prog: str = "python -m specdraft.demo", description: str | None
         "expected gain (budgeted verification; chains and blocks); auto: the budget with the most expected tokens "
         "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding)",
     )  # fmt: skip
+    parser.add_argument(
+        "--calibration", type=float, metavar="W", help="with --budget: scale each position's survival estimates "
+        "by a running ratio of the drafts accepted there to their estimates (an EMA, the newest pass weighing W "
+        "in (0, 1])",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=160, help="per prompt (default 160)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} snippets")
     parser.add_argument("--no-compile", action="store_true", help="run the iterations eagerly")
@@ -109,7 +114,13 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo", description: s
 
 
 def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--budget: an int >= 0 or auto, and not with --tree (trees verify every node)."""
+    """--budget: an int >= 0 or auto, and not with --tree (trees verify every node);
+    --calibration: in (0, 1], only with --budget."""
+    if args.calibration is not None:
+        if args.budget is None:
+            parser.error("--calibration calibrates a budget's survival estimates: pass --budget as well")
+        if not 0.0 < args.calibration <= 1.0:
+            parser.error(f"--calibration must be in (0, 1] (the newest pass's weight), got {args.calibration}")
     if args.budget is None:
         return
     if args.tree is not None:
