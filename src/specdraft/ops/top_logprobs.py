@@ -23,7 +23,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import FLOAT_DTYPES, at_least, check_int_range, check_tensor_arg
 
-from .backend import NAMESPACE, tl, triton, use_triton
+from .backend import NAMESPACE, power_of_two_tile, tl, triton, use_triton
 
 MAX_K = 8
 ROW_BLOCK = 4096  # logits a program reads per step of its row loop
@@ -116,8 +116,8 @@ def _top_logprobs_op(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     logprobs = torch.empty((rows, k), dtype=torch.float32, device=logits.device)
     if rows > 0:
         wrap_triton(top_logprobs_kernel)[(rows,)](
-            logits, ids, logprobs, vocab, logits.stride(0), K=k, K_PAD=triton.next_power_of_2(k),
-            BLOCK=min(ROW_BLOCK, triton.next_power_of_2(vocab)), EMPTY=NOT_AN_ENTRY, num_warps=8,
+            logits, ids, logprobs, vocab, logits.stride(0), K=k, K_PAD=power_of_two_tile(k),
+            BLOCK=power_of_two_tile(vocab, largest=ROW_BLOCK), EMPTY=NOT_AN_ENTRY, num_warps=8,
         )  # fmt: skip
     return ids, logprobs
 

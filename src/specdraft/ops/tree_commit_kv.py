@@ -13,7 +13,7 @@ from specdraft.checked_mode import is_checked
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor_arg
 from specdraft.value_checks import check_in_range
 
-from .backend import NAMESPACE, cdiv, tl, triton, use_triton
+from .backend import NAMESPACE, cdiv, power_of_two_tile, tl, triton, use_triton
 
 COMMIT_BLOCK = 128  # cache features a tree_commit_kv program copies (of every depth and cache: in registers)
 COMMIT_CACHES = 8  # caches one tree_commit_kv launch moves (its kernel's cache arguments)
@@ -97,7 +97,7 @@ def _tree_commit_kv_op(caches: list[torch.Tensor], src_slots: torch.Tensor, dst_
         unused = [group[0]] * (COMMIT_CACHES - len(group))  # never read or written (NUM)
         wrap_triton(tree_commit_kv_kernel)[(batch, cdiv(features, COMMIT_BLOCK))](
             *group, *unused, src_slots, dst_slots, depth, blocks * block_size, features, NUM=len(group),
-            D_PAD=max(2, triton.next_power_of_2(depth)), BLOCK=COMMIT_BLOCK,
+            D_PAD=power_of_two_tile(depth, smallest=2), BLOCK=COMMIT_BLOCK,
         )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import INDEX_DTYPES, at_least, check_tensor_arg
 
-from ..backend import NAMESPACE, tl, triton, use_triton
+from ..backend import NAMESPACE, power_of_two_tile, tl, triton, use_triton
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def _tree_ancestors_op(parents: torch.Tensor) -> torch.Tensor:
     batch, n = parents.shape
     out = torch.empty((batch, n, n), dtype=torch.bool, device=parents.device)
     if batch > 0:
-        wrap_triton(tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=max(16, triton.next_power_of_2(n)))
+        wrap_triton(tree_ancestors_kernel)[(batch,)](parents, out, n, N_PAD=power_of_two_tile(n, smallest=16))
     return out
 
 

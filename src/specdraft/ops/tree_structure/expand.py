@@ -8,7 +8,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import FLOAT_DTYPES, at_least, check_int_range, check_tensor_arg
 
-from ..backend import NAMESPACE, tl, triton, use_triton
+from ..backend import NAMESPACE, power_of_two_tile, tl, triton, use_triton
 from .ranking import rows_of_rank, stable_rank
 
 
@@ -46,7 +46,7 @@ def _tree_expand_op(
     best = torch.empty((batch, k), dtype=torch.int64, device=frontier_scores.device)
     if batch > 0:
         wrap_triton(tree_expand_kernel)[(batch,)](
-            frontier_scores, child_logprobs, scores, best, fanout, count, k, PAD=max(16, triton.next_power_of_2(count))
+            frontier_scores, child_logprobs, scores, best, fanout, count, k, PAD=power_of_two_tile(count, smallest=16)
         )  # fmt: skip
     return scores, best
 

@@ -7,7 +7,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import INDEX_DTYPES, check_int_range, check_tensor_arg
 
-from ..backend import NAMESPACE, tl, triton, use_triton
+from ..backend import NAMESPACE, power_of_two_tile, tl, triton, use_triton
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def _tree_positions_op(root_positions: torch.Tensor, depths: torch.Tensor, max_m
     out = torch.empty((*root_positions.shape, n), dtype=torch.int64, device=depths.device)
     if out.numel() > 0:
         wrap_triton(tree_positions_kernel)[(root_positions.numel(),)](
-            root_positions, depths, out, batch, n, max_model_len - 1, N_PAD=max(16, triton.next_power_of_2(n)),
+            root_positions, depths, out, batch, n, max_model_len - 1, N_PAD=power_of_two_tile(n, smallest=16),
         )  # fmt: skip
     return out
 

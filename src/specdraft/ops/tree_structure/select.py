@@ -11,7 +11,7 @@ from torch.library import triton_op, wrap_triton
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_int_range, check_tensor_arg
 
-from ..backend import NAMESPACE, tl, triton, use_triton
+from ..backend import NAMESPACE, power_of_two_tile, tl, triton, use_triton
 from .ranking import rows_of_rank, stable_rank
 
 SCAN_BLOCK = 32  # pool nodes compared per step of tree_select's ranking loops
@@ -113,7 +113,7 @@ def _tree_select_op(
     if batch > 0:
         wrap_triton(tree_select_kernel)[(batch,)](
             tokens, scores, parents, depths, roots, out_tokens, out_parents, out_depths, out_scores, index,
-            size, num_verify_tokens - 1, POOL_PAD=max(16, triton.next_power_of_2(size)), SCAN=SCAN_BLOCK,
+            size, num_verify_tokens - 1, POOL_PAD=power_of_two_tile(size, smallest=16), SCAN=SCAN_BLOCK,
         )  # fmt: skip
     return out_tokens, out_parents, out_depths, out_scores
 
