@@ -191,7 +191,7 @@ def test_every_choice_of_a_small_table_is_lossless(build, pair):
 def test_choice_stays_unless_another_is_clearly_faster(build, pair):
     """A batch size keeps its choice while another is within SWITCH_MARGIN (each
     choice is a graph of its own), and changes when one is clearly faster."""
-    from specdraft.generation.decoder import SWITCH_MARGIN
+    from specdraft.generation.run_budget import SWITCH_MARGIN
 
     target, _ = pair
     costs = table(b4={PLAIN: 1.0, (1, 4): 1.5, (3, 12): 2.5})

@@ -28,9 +28,10 @@ from .budget import (
     survival_from,
     updated_calibration,
 )
+from .run_budget import RunBudget
 from .state import DecodeState, Requests, commit, initial_state, owned_copy
-from .stats import Clock, GenerationStats, Timings, build_stats
-from .step_costs import PLAIN, Choice, StepCosts, conditional_rates, predicted_rates
+from .stats import Clock, GenerationStats, Timings, build_stats, host_flags, progress_bar
+from .step_costs import Choice, StepCosts
 from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
 
 
@@ -64,10 +65,7 @@ def num_kv_blocks(num_reqs: int, max_model_len: int, num_speculative_tokens: int
     return num_reqs * checks.blocks_per_request(max_model_len, num_speculative_tokens, block_size)
 
 
-SWITCH_MARGIN = 0.05  # a budget table's choice changes when another is expected this much faster
-
-
-class SpeculativeDecoder:
+class SpeculativeDecoder(RunBudget):
     """Speculative decoding of a batch of prompts with `target` and `proposer`
     (EagleProposer for EAGLE-1 / EAGLE-3 / MTP heads, MultiLayerEagleProposer,
     AutoregressiveSpeculator, BlockProposer for DFlash / DSpark heads), or plain
@@ -322,37 +320,6 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ a run
 
-    @property
-    def draft_depths(self) -> range:
-        """The draft depths a budget table may choose: 1 .. the proposer's K, or K
-        alone when it cannot draft fewer (Proposer.drafts_fewer)."""
-        k = self.full_proposer.num_speculative_tokens
-        return range(1 if getattr(self.full_proposer, "drafts_fewer", False) else k, k + 1)
-
-    def choose_for_run(self, num_reqs: int) -> Choice:
-        """The table's choice for a run of num_reqs requests with the current acceptance
-        estimate; the batch size's previous choice is kept unless the new one is
-        expected to be SWITCH_MARGIN faster (each choice is a graph of its own: a
-        change costs a compile, and a noisy estimate should not flip between two near
-        equals)."""
-        speeds = predicted_rates(num_reqs, self.budget_policy, self.acceptance_rates, self.draft_depths)
-        best = max(speeds, key=speeds.__getitem__)
-        current = self.run_choices.get(num_reqs)
-        if current in speeds and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
-            return current
-        self.run_choices[num_reqs] = best
-        return best
-
-    def take_choice(self, choice: Choice) -> None:
-        """A budget table's choice for the next run: PLAIN (budget 0: no draft pass) or
-        k drafts per request with a budget (a proposer drafting k, kept per k so that
-        a compiled iteration sees the same object again)."""
-        proposer = self.full_proposer
-        k = proposer.num_speculative_tokens if choice == PLAIN else choice.k
-        if k not in self.fewer_drafts:
-            self.fewer_drafts[k] = proposer.with_num_drafts(k)
-        self.proposer, self.k, self.budget = self.fewer_drafts[k], k, choice.budget
-
     def requests(self, prompts, max_new_tokens, sampling, eos_token_id) -> tuple[list[torch.Tensor], Requests]:
         """Checked prompts and the per-request tensors on the target's device."""
         vocab = self.target.config.vocab_size
@@ -445,28 +412,10 @@ class SpeculativeDecoder:
         counts = flags[1].tolist()  # flags is host_flags' host copy: no device sync here
         tokens = [out[b, : counts[b]].clone() for b in range(len(counts))]
         stats = build_stats(state, timings, trace)
-        if isinstance(self.budget_policy, StepCosts):  # the next run's estimate
-            rates = conditional_rates(stats.accepted_per_position, stats.tested_per_position)
-            if rates is not None:  # positions this run drafted; deeper ones keep their estimate
-                self.acceptance_rates = rates + tuple(self.acceptance_rates[len(rates) :])
+        if isinstance(self.budget_policy, StepCosts):
+            self.learn_rates(stats)
         return GenerationResult(tokens, stats)
 
 
 def target_num_kv_layers(target) -> int:
     return getattr(target, "num_kv_layers", target.config.num_layers)
-
-
-def host_flags(state: DecodeState) -> torch.Tensor:
-    """The one device-to-host copy per iteration: [4, B] int64 (done, num_generated,
-    and the statistics' verified and accepted drafts so far)."""
-    return torch.stack([state.done.long(), state.num_generated, state.verified, state.accepted_drafts]).cpu()
-
-
-def progress_bar(enabled: bool | str, total: int, initial: int):
-    """A tqdm bar of generated tokens, or None; enabled: True (labelled "generate") or the label."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    desc = enabled if isinstance(enabled, str) else "generate"
-    return tqdm(total=total, initial=initial, unit="tok", desc=desc, dynamic_ncols=True)

@@ -1,5 +1,6 @@
 """Statistics of one generate run, as tensors (CPU; counts int64, rates and times
-float64, scalars 0-dim), and the wall clock that measures it."""
+float64, scalars 0-dim), the wall clock that measures it, the one host copy an
+iteration makes (host_flags) and the run's progress bar."""
 
 import time
 from dataclasses import dataclass
@@ -146,3 +147,19 @@ def per_iteration(trace: list[torch.Tensor] | None, num_reqs: int) -> dict:
         return {"iteration_verified": empty, "iteration_accepted": empty}
     steps = torch.stack(trace).diff(dim=0)  # [I, 2, B]
     return {"iteration_verified": steps[:, 0], "iteration_accepted": steps[:, 1]}
+
+
+def host_flags(state: DecodeState) -> torch.Tensor:
+    """The one device-to-host copy per iteration: [4, B] int64 (done, num_generated,
+    and the statistics' verified and accepted drafts so far)."""
+    return torch.stack([state.done.long(), state.num_generated, state.verified, state.accepted_drafts]).cpu()
+
+
+def progress_bar(enabled: bool | str, total: int, initial: int):
+    """A tqdm bar of generated tokens, or None; enabled: True (labelled "generate") or the label."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = enabled if isinstance(enabled, str) else "generate"
+    return tqdm(total=total, initial=initial, unit="tok", desc=desc, dynamic_ncols=True)

@@ -1,0 +1,50 @@
+"""Which budget a run takes when the decoder's budget is a StepCosts table: the
+choice per batch size (kept unless another is expected SWITCH_MARGIN faster), the
+proposer drafting that many tokens, and the acceptance rates the next run's choice
+reads. A mixin of SpeculativeDecoder (its full_proposer, budget_policy,
+acceptance_rates, run_choices and fewer_drafts)."""
+
+from .stats import GenerationStats
+from .step_costs import PLAIN, Choice, conditional_rates, predicted_rates
+
+SWITCH_MARGIN = 0.05  # a budget table's choice changes when another is expected this much faster
+
+
+class RunBudget:
+    @property
+    def draft_depths(self) -> range:
+        """The draft depths a budget table may choose: 1 .. the proposer's K, or K
+        alone when it cannot draft fewer (Proposer.drafts_fewer)."""
+        k = self.full_proposer.num_speculative_tokens
+        return range(1 if getattr(self.full_proposer, "drafts_fewer", False) else k, k + 1)
+
+    def choose_for_run(self, num_reqs: int) -> Choice:
+        """The table's choice for a run of num_reqs requests with the current acceptance
+        estimate; the batch size's previous choice is kept unless the new one is
+        expected to be SWITCH_MARGIN faster (each choice is a graph of its own: a
+        change costs a compile, and a noisy estimate should not flip between two near
+        equals)."""
+        speeds = predicted_rates(num_reqs, self.budget_policy, self.acceptance_rates, self.draft_depths)
+        best = max(speeds, key=speeds.__getitem__)
+        current = self.run_choices.get(num_reqs)
+        if current in speeds and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
+            return current
+        self.run_choices[num_reqs] = best
+        return best
+
+    def take_choice(self, choice: Choice) -> None:
+        """A budget table's choice for the next run: PLAIN (budget 0: no draft pass) or
+        k drafts per request with a budget (a proposer drafting k, kept per k so that
+        a compiled iteration sees the same object again)."""
+        proposer = self.full_proposer
+        k = proposer.num_speculative_tokens if choice == PLAIN else choice.k
+        if k not in self.fewer_drafts:
+            self.fewer_drafts[k] = proposer.with_num_drafts(k)
+        self.proposer, self.k, self.budget = self.fewer_drafts[k], k, choice.budget
+
+    def learn_rates(self, stats: GenerationStats) -> None:
+        """The next run's acceptance estimate: this run's conditional rates per position
+        it drafted; deeper positions keep their estimate."""
+        rates = conditional_rates(stats.accepted_per_position, stats.tested_per_position)
+        if rates is not None:
+            self.acceptance_rates = rates + tuple(self.acceptance_rates[len(rates) :])
