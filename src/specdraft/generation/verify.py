@@ -77,6 +77,8 @@ def prompt_batch(prompts: list[torch.Tensor], block_table: torch.Tensor, block_s
     ids = torch.cat([p.to(torch.int32) for p in prompts]).to(device)
     positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(device)
     rows = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).to(device)
+    # Host lists on purpose: the prefill runs eagerly, once per generate, from Python
+    # prompts (no device tensor is read back here; the compiled iterations never call it).
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     metadata = BatchMetadata(
         query_start_loc=cu,
