@@ -13,11 +13,13 @@ Here a row is split over programs of CHUNK tokens, and the logits are read twice
    top bin the chunks' counts add up exactly for the row's first NB - 1 bins.
 2. `bracket_kernel` [R]: the row's max, its min-p threshold, and from the counts a
    range of bins that holds the cut: top-k's k-th candidate is in the bin where the
-   count from the top crosses k (exact); top-p's cut in the bin where the mass,
-   estimated as count x the weight at the bin's middle, crosses top_p x the
-   estimated total, taken one bin wider on each side. w is chosen per row so that
-   the window reaches every cut top-p and min-p can make (top_p_floor in kernel.py
-   for top-p, T x -ln(min_p) for min-p) and 32 logits for top-k (a guess: a k-th
+   count from the top crosses k (exact); top-p's cut near the bin where the mass,
+   estimated as count x the bin's mean weight (the max as 1; only top-k's share of
+   the k-th's bin), crosses top_p x the estimated total: that bin, its neighbours
+   where they fit (else the one on the side the crossing is nearer), and up to the
+   next bin above holding a token. w is chosen per row so that the window reaches
+   every cut top-p and min-p can make (top_p_floor in kernel.py for top-p, T x
+   -ln(min_p) for min-p) and, without top-p, 32 logits for top-k (a guess: a k-th
    below the window is only slower).
 3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
    per chunk, fp64 over chunks) the candidates above the range (count and mass) and
