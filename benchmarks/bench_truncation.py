@@ -182,15 +182,15 @@ def bench_sampling(batch, vocab, device):
     return table
 
 
-TILE_NAMES = ("CHUNK", "WINDOW_BINS", "CAPACITY", "NUM_WARPS")
+TILE_NAMES = ("CHUNK", "WINDOW_BINS", "WINDOW_WARPS", "CAPACITY", "NUM_WARPS")
 TILE_CONFIGS = (
-    (4096, 64, 4096, 8),
-    (4096, 32, 4096, 8),
-    (4096, 128, 4096, 8),
-    (2048, 64, 4096, 4),
-    (8192, 64, 4096, 16),
-    (8192, 64, 4096, 8),
-    (4096, 64, 2048, 8),
+    (4096, 64, 4, 4096, 8),
+    (4096, 64, 8, 4096, 8),
+    (4096, 32, 4, 4096, 8),
+    (4096, 128, 4, 4096, 8),
+    (2048, 64, 4, 4096, 4),
+    (8192, 64, 8, 4096, 8),
+    (4096, 64, 4, 2048, 8),
 )
 
 
@@ -261,7 +261,7 @@ def main(argv=None) -> None:
                 "rows to the search",
                 "rows differing from the exact ref",
             ]
-            append_table("truncation_split_tiles", headers, tiles, config_columns=6, config=config)
+            append_table("truncation_split_tiles", headers, tiles, config_columns=7, config=config)
             text += f"\n\n### truncation_cut's split path, tiles (T = 1.0)\n\n{markdown_table(headers, tiles)}"
         emit("bench_truncation", f"{device_name()}; copy {copy_bandwidth_gbs():.0f} GB/s; bf16 logits\n\n{text}")
     else:
