@@ -43,6 +43,7 @@ import torch
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, window_of
 from specdraft.ops import budget_keep
 
+from .state import tested_and_accepted
 from .step_costs import StepCosts
 from .verify import slots_of
 
@@ -79,8 +80,12 @@ def expected_gains(survival: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
     """[B, K] fp32: the probability that drafts 0 .. j of request r are all accepted
     (cumulative product of the survival estimates, each clamped to [0, 1], NaN read as
     0), or -1 (never verified) for a finished request."""
-    rates = torch.nan_to_num(survival.float(), nan=0.0).clamp(0.0, 1.0)
-    return torch.where(done[:, None], -1.0, rates.cumprod(dim=1))
+    return torch.where(done[:, None], -1.0, survival_rates(survival).cumprod(dim=1))
+
+
+def survival_rates(survival: torch.Tensor) -> torch.Tensor:
+    """[B, K] fp32 survival estimates as probabilities: NaN read as 0, clamped to [0, 1]."""
+    return torch.nan_to_num(survival.float(), nan=0.0).clamp(0.0, 1.0)
 
 
 def calibrated(survival: torch.Tensor, calibration: torch.Tensor | None) -> torch.Tensor:
@@ -101,13 +106,9 @@ def updated_calibration(calibration: torch.Tensor, survival: torch.Tensor, count
     j of request r was tested if r was running, verified it, and accepted every draft
     before it (counts [B]: drafts accepted); it was accepted if counts > j. The
     estimates are the uncalibrated ones (survival [B, K]), read as expected_gains
-    reads them (NaN as 0, clamped to [0, 1])."""
-    steps = torch.arange(survival.shape[1], device=survival.device)
-    counts = counts.long()[:, None]
-    tested = (~done)[:, None] & (counts >= steps[None, :]) & (steps[None, :] < num_drafts.long()[:, None])
-    accepted = tested & (counts > steps[None, :])
-    rates = torch.nan_to_num(survival.float(), nan=0.0).clamp(0.0, 1.0)
-    now = torch.stack([accepted.sum(dim=0).float(), torch.where(tested, rates, 0.0).sum(dim=0)])
+    reads them (survival_rates)."""
+    tested, accepted = tested_and_accepted(done, counts, survival.shape[1], num_drafts)
+    now = torch.stack([accepted.sum(dim=0).float(), torch.where(tested, survival_rates(survival), 0.0).sum(dim=0)])
     return calibration * (1.0 - weight) + now * weight
 
 

@@ -130,6 +130,20 @@ def initial_state(first_tokens, prompt_lens, requests: Requests, num_speculative
     )
 
 
+def tested_and_accepted(done: torch.Tensor, counts: torch.Tensor, k: int,
+                        num_verified: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """[B, k] bool each, for one verify pass: draft j of request r was tested if r was
+    running, verified it (num_verified [B]; None: all k) and accepted every draft
+    before it (counts [B]: drafts accepted); it was accepted if counts > j."""
+    steps = torch.arange(k, device=counts.device)[None, :]
+    running = (~done)[:, None]
+    accepted = running & (counts.long()[:, None] > steps)
+    tested = running & (counts.long()[:, None] >= steps)
+    if num_verified is not None:
+        tested = tested & (steps < num_verified.long()[:, None])
+    return tested, accepted
+
+
 def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, requests: Requests,
            num_verified: torch.Tensor | None = None) -> DecodeState:  # fmt: skip
     """Take what a verify pass emitted into the state (drafts left as they were).
@@ -166,13 +180,8 @@ def commit(state: DecodeState, tokens: torch.Tensor, counts: torch.Tensor, reque
     lens = state.lens + keep
     done = state.done | (first_eos < keep) | (num_generated >= requests.limits)
 
-    k = state.accepted.shape[0]
-    steps = torch.arange(k, device=tokens.device)
-    accepted_now = active[:, None] & (counts.long()[:, None] > steps[None, :])
+    tested_now, accepted_now = tested_and_accepted(state.done, counts, state.accepted.shape[0], num_verified)
     verified_now = state.drafts.shape[1] if num_verified is None else num_verified.long()
-    tested_now = active[:, None] & (counts.long()[:, None] >= steps[None, :])
-    if num_verified is not None:
-        tested_now = tested_now & (steps[None, :] < verified_now[:, None])
     return dataclasses.replace(
         state,
         last_tokens=last_tokens,
