@@ -48,6 +48,21 @@ from ...backend import tl, triton
 
 
 @triton.jit
+def row_rules(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
+    """A row's parameters, which rules are on, and `truncated`: the row is cut at all
+    (T > 0 and finite, and some rule on)."""
+    temp = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    top_k_on = (top_k > 0) & (top_k < vocab)
+    top_p_on = top_p < 1.0
+    min_p_on = min_p > 0.0
+    truncated = (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on)
+    return temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated
+
+
+@triton.jit
 def order_key(x, SHIFT: tl.constexpr):
     """The int32 key of fp32 x (no NaN; -0.0 counts as +0.0 only if the caller
     canonicalised it), monotone in x, shifted right by SHIFT."""
@@ -350,15 +365,11 @@ def truncation_cut_kernel(
     row = tl.program_id(0).to(tl.int64)
     undone = tl.load(done_ptr + row) == 0
     row_ptr = logits_ptr + row * row_stride
-    temp = tl.load(temperature_ptr + row)
-    top_k = tl.load(top_k_ptr + row).to(tl.int64)
-    top_p = tl.load(top_p_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    top_k_on = (top_k > 0) & (top_k < vocab)
-    top_p_on = top_p < 1.0
-    min_p_on = min_p > 0.0
+    temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
     cut = tl.full([], float("-inf"), tl.float32)
-    if undone & (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on):
+    if undone & truncated:
         top = row_max(row_ptr, vocab, BLOCK)
         if top > float("-inf"):
             thr = min_p_threshold(top, temp, min_p, min_p_on)

@@ -71,7 +71,7 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
         CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
     )  # fmt: skip
     wrap_triton(resolve_kernel)[(num_rows,)](
-        temperature, top_k, top_p, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
+        *params, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
         CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=KEY_SHIFT[logits.dtype], TILE=RESOLVE_TILE, PIVOTS=PIVOTS,
         num_warps=4,
     )  # fmt: skip

@@ -50,20 +50,15 @@ bin and the two passes agree on every token's bin.
 """
 
 from ...backend import tl, triton
-from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key
+from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key, row_rules
 
 
 @triton.jit
 def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
-    """A row's parameters and which rules are on; `truncated`: the row is cut at all."""
-    temp = tl.load(temperature_ptr + row)
-    top_k = tl.load(top_k_ptr + row).to(tl.int64)
-    top_p = tl.load(top_p_ptr + row)
-    min_p = tl.load(min_p_ptr + row)
-    top_k_on = (top_k > 0) & (top_k < vocab)
-    top_p_on = top_p < 1.0
-    min_p_on = min_p > 0.0
-    truncated = (temp > 0.0) & (temp < float("inf")) & (top_k_on | top_p_on | min_p_on)
+    """kernel.py's row_rules, and `split`: the row takes this path."""
+    temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
     # min-p rows go to kernel.py's search: its two passes (max, smallest candidate)
     # beat these two reads there (H200, B = 256, V = 152k: 123 against 220 us).
     split = truncated & ~min_p_on
@@ -336,8 +331,8 @@ def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp,
 
 @triton.jit
 def resolve_kernel(
-    temperature_ptr, top_k_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr, done_ptr,
-    vocab, num_chunks,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr,
+    done_ptr, vocab, num_chunks,
     CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr,
 ):  # fmt: skip
     """Step 4: the exact cut from the sums and the copied values, or nothing (the row
@@ -348,11 +343,9 @@ def resolve_kernel(
     if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
-        temp = tl.load(temperature_ptr + row)
-        top_k = tl.load(top_k_ptr + row).to(tl.int64)
-        top_p = tl.load(top_p_ptr + row)
-        top_k_on = (top_k > 0) & (top_k < vocab)
-        top_p_on = top_p < 1.0
+        temp, top_k, top_p, _, top_k_on, top_p_on, _, _ = row_rules(
+            temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+        )
         chunks = tl.arange(0, CHUNKS)
         part = sums_ptr + (row * num_chunks + chunks) * 4
         real = chunks < num_chunks
