@@ -9,23 +9,18 @@ trees) are specdraft.models.cache_attention's; the tree drafter and the training
 unroll pass their own. One body serves them all: project (q, k, v with RoPE) ->
 attend -> finish (o_proj, residual, MLP).
 
-Under torch.compile the two heavy parts of a layer are *nested compile regions*
-(torch.compiler.nested_compile_region): paged attention (cache_attention) and the
-MLP. A region is traced and compiled once per distinct input signature and then
-called again wherever it repeats: the target's N layers share one compiled attention
-and one MLP, the draft's K - 1 single-token steps another pair. Without regions
-every layer instance is traced, lowered and compiled anew, and compile time grows
-with N + K. What stays outside is cheap and region-unfriendly: the norms (a float
-eps, which Dynamo cannot lift into a region under dynamic=True), RoPE (a float
-theta, likewise), the projections, and the KV-cache write (a mutation, which older
-versions of torch cannot functionalize inside a region). In eager mode a region is a
-plain call. SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
+Under torch.compile a layer is three nested compile regions
+(specdraft.models.regions): its q / k / v (the input norm, the projections, Qwen3's
+per-head norm, RoPE: `normed_qkv`, or `qkv` where a head feeds its own input), the
+attention the caller hands it (the paged ones write the cache and attend in one
+region, specdraft.models.cache_attention), and `finish` (o_proj, the residual, the
+post-attention norm, the MLP). Every layer and draft step with the same shapes
+calls the same compiled code, so compile time no longer grows with the number of
+layers (benchmarks/README.md, "By target depth").
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable
 
 import torch
@@ -33,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.config import DraftModelConfig
+from specdraft.models.regions import compile_region, config_float
 from specdraft.models.rope import RotaryEmbedding
 
 # attend(q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) -> [T, heads, D]:
@@ -40,41 +36,11 @@ from specdraft.models.rope import RotaryEmbedding
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _no_region(fn):
-    return fn
-
-
-# torch >= 2.8 has it; the bare form (no options) is what torch 2.11 accepts too.
-nested_region = getattr(torch.compiler, "nested_compile_region", None) or _no_region
-if os.environ.get("SPECDRAFT_COMPILE_REGIONS", "1") == "0":
-    nested_region = _no_region
-
-
-def compile_region(fn):
-    """A nested compile region for inference only. Where autograd records (a compiled
-    training step through the heads), the plain function runs instead: torch 2.13's
-    Inductor returns wrong weight gradients through a region that one graph calls more
-    than once (the gate / up projections of SwiGLU off by ~10%; eager and aot_eager
-    are right; tests/models/test_region_gradients.py). Under torch.compile the grad
-    mode is a guarded constant, so the choice costs nothing at run time."""
-    region = nested_region(fn)
-    if region is fn:
-        return fn
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if torch.is_grad_enabled():
-            return fn(*args, **kwargs)
-        return region(*args, **kwargs)
-
-    return call
-
-
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.eps = config_float(eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 (as HF Llama does), scale in the weight's dtype.
@@ -157,8 +123,18 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(h, config.intermediate_size)
 
     def forward(self, positions, x, attend: Attend) -> torch.Tensor:
-        attn_input, residual = self.attention_input(x)
-        return self.attend_and_mlp(positions, attn_input, residual, attend)
+        q, k, v = self.normed_qkv(positions, x)
+        return self.finish(attend(q, k, v), x)
+
+    @compile_region
+    def normed_qkv(self, positions, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of the layer's input x: the input norm, then `qkv`."""
+        return self.self_attn.project(positions, self.attention_input(x)[0])
+
+    @compile_region
+    def qkv(self, positions, attn_input) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k and v [T, kv_heads, D] of attn_input at `positions`."""
+        return self.self_attn.project(positions, attn_input)
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(what attention reads, the residual) of the layer's input x."""
@@ -167,9 +143,10 @@ class DecoderLayer(nn.Module):
     def attend_and_mlp(self, positions, attn_input, residual, attend: Attend) -> torch.Tensor:
         """The layer after its input norm: q, k, v of attn_input at `positions`, the
         caller's attention over them, then `finish`."""
-        q, k, v = self.self_attn.project(positions, attn_input)
+        q, k, v = self.qkv(positions, attn_input)
         return self.finish(attend(q, k, v), residual)
 
+    @compile_region
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn_out [T, heads, D] -> o_proj, + residual, then + MLP."""
         return self.mlp_block(residual + self.self_attn.output(attn_out))

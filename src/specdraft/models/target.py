@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdraft.models.cache_attention import cache_attention, metadata_for_layer
+from specdraft.models.cache_attention import cache_attention, metadata_for_layer, planned_writes
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import check_shareable
 from specdraft.models.kv_cache import allocate_kv_caches
@@ -72,9 +72,10 @@ class TinyTargetModel(nn.Module):
                 raise ValueError(f"aux_layers: layer {i} is not in [0, {self.config.num_layers})")
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         entering = []  # the residual stream entering each layer
+        writes = planned_writes(kv_caches[: len(self.layers)], attn_metadata)
         for i, layer in enumerate(self.layers):
             entering.append(h)
-            h = layer(positions, h, cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i)))
+            h = layer(positions, h, cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i), writes))
         aux = torch.cat([entering[i] for i in aux_layers], dim=-1) if aux_layers else None
         return self.norm(h), aux
 

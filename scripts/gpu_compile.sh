@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 41's cold-compile point on the GPU, logs under $OUT, table rows under
+# $OUT/results (append them with `python benchmarks/record.py append <that folder>`):
+#   bash scripts/gpu_compile.sh tests      # the model, proposer, generation, demo, eval and
+#                                          # training-eval tests on CUDA
+#   bash scripts/gpu_compile.sh compile    # benchmarks/bench_compile.py at the 8B shape, 32 target
+#                                          # layers: plain and speculative iteration, cold and warm
+#   bash scripts/gpu_compile.sh roofline   # bench_roofline.py's runtimes (kernel form, N = 1 and 16)
+# OLD_SRC=<folder holding an older specdraft package> runs the compile / roofline stage on
+# that tree first (PYTHONPATH), then on this one: a before / after on one machine. Rows
+# record BENCH_COMMIT (this tree) and OLD_COMMIT (the older one).
+DEFAULT_OUT=/tmp/gpu_compile
+source "$(dirname "$0")/gpu_setup.sh"
+stage=${1:-compile}
+tests() {
+    SPECDRAFT_DEVICE=cuda timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -n 12 -p no:cacheprovider \
+        -m "not interpreter" -rfE tests/models tests/proposers tests/generation tests/test_demo.py \
+        tests/test_eval.py tests/training/test_evaluate.py > "$OUT/tests_compile.log" 2>&1
+    echo "CUDA tests: exit $?"; tail -15 "$OUT/tests_compile.log"
+}
+# run_on <label> <command...>: the command in benchmarks/, on OLD_SRC's tree for "before".
+run_on() {
+    local label=$1; shift
+    (
+        if [ "$label" = before ]; then export PYTHONPATH="$(realpath "$OLD_SRC")" BENCH_COMMIT="${OLD_COMMIT:-unknown}"; fi
+        python3 -c "import specdraft; print('$label: specdraft from', specdraft.__file__)" | tee -a "$OUT/gpu.txt"
+        cd benchmarks && "$@"
+    )
+}
+each_tree() {  # each_tree <name> <timeout> <command...>
+    local name=$1 limit=$2; shift 2
+    for label in ${OLD_SRC:+before} after; do
+        run_on "$label" timeout "$limit" "$@" > "$OUT/${name}_$label.log" 2>&1
+        echo "$name ($label): exit $?"; grep -v "^$" "$OUT/${name}_$label.log" | tail -5
+    done
+}
+case "$stage" in
+    tests) tests ;;
+    compile) each_tree bench_compile ${COMPILE_TIMEOUT:-270} python3 bench_compile.py --device cuda --shape 8b \
+                 --layers 32 --what "plain iteration" "speculative iteration" ;;
+    roofline) each_tree bench_roofline ${ROOFLINE_TIMEOUT:-150} python3 bench_roofline.py --tokens 1 16 --forms kernel ;;
+    *) echo "unknown stage $stage (tests | compile | roofline)"; exit 2 ;;
+esac
