@@ -9,14 +9,11 @@ trees) are specdraft.models.cache_attention's; the tree drafter and the training
 unroll pass their own. One body serves them all: project (q, k, v with RoPE) ->
 attend -> finish (o_proj, residual, MLP).
 
-Under torch.compile a layer is three nested compile regions
-(specdraft.models.regions): its q / k / v (the input norm, the projections, Qwen3's
-per-head norm, RoPE: `normed_qkv`, or `qkv` where a head feeds its own input), the
-attention the caller hands it (the paged ones write the cache and attend in one
-region, specdraft.models.cache_attention), and `finish` (o_proj, the residual, the
-post-attention norm, the MLP). Every layer and draft step with the same shapes
-calls the same compiled code, so compile time no longer grows with the number of
-layers (benchmarks/README.md, "By target depth").
+Under torch.compile the paged attention (specdraft.models.cache_attention) and the
+MLP are nested compile regions (specdraft.models.regions), compiled once and called
+by every layer and draft step with the same shapes. The target model goes further
+(`forward_in_regions`): the parts before and after its attention are regions too, so
+its N layers compile one layer's code (benchmarks/README.md, "By target depth").
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.regions import compile_region, config_float
+from specdraft.models.regions import compile_region
 from specdraft.models.rope import RotaryEmbedding
 
 # attend(q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) -> [T, heads, D]:
@@ -40,7 +37,7 @@ class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = config_float(eps)
+        self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 (as HF Llama does), scale in the weight's dtype.
@@ -123,18 +120,30 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(h, config.intermediate_size)
 
     def forward(self, positions, x, attend: Attend) -> torch.Tensor:
+        attn_input, residual = self.attention_input(x)
+        return self.attend_and_mlp(positions, attn_input, residual, attend)
+
+    def forward_in_regions(self, positions, x, attend: Attend) -> torch.Tensor:
+        """`forward`, with the parts before and after the attention as nested compile
+        regions (normed_qkv, finish_region): every layer of a model then compiles the
+        same two pieces once. For callers compiled with static shapes only (the target
+        model's forward under SpeculativeDecoder): these regions read float
+        attributes (the norms' eps, RoPE's theta), which torch.compile(dynamic=True)
+        turns into symbols, and torch 2.13 cannot call a region reading such a symbol
+        a second time ("invoke_subgraph operands must be a list of
+        tensors/ints/SymInts"); SPECDRAFT_COMPILE_REGIONS=0 turns every region off."""
         q, k, v = self.normed_qkv(positions, x)
-        return self.finish(attend(q, k, v), x)
+        return self.finish_region(attend(q, k, v), x)
 
     @compile_region
     def normed_qkv(self, positions, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of the layer's input x: the input norm, then `qkv`."""
+        """q [T, heads, D], k and v [T, kv_heads, D] of the layer's input x: the input
+        norm, the projections, Qwen3's per-head norm, RoPE."""
         return self.self_attn.project(positions, self.attention_input(x)[0])
 
     @compile_region
-    def qkv(self, positions, attn_input) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, heads, D], k and v [T, kv_heads, D] of attn_input at `positions`."""
-        return self.self_attn.project(positions, attn_input)
+    def finish_region(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.finish(attn_out, residual)
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(what attention reads, the residual) of the layer's input x."""
@@ -143,10 +152,9 @@ class DecoderLayer(nn.Module):
     def attend_and_mlp(self, positions, attn_input, residual, attend: Attend) -> torch.Tensor:
         """The layer after its input norm: q, k, v of attn_input at `positions`, the
         caller's attention over them, then `finish`."""
-        q, k, v = self.qkv(positions, attn_input)
+        q, k, v = self.self_attn.project(positions, attn_input)
         return self.finish(attend(q, k, v), residual)
 
-    @compile_region
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn_out [T, heads, D] -> o_proj, + residual, then + MLP."""
         return self.mlp_block(residual + self.self_attn.output(attn_out))

@@ -1,19 +1,10 @@
-"""Nested compile regions (torch.compiler.nested_compile_region) and the float
-constants the code inside them reads.
+"""Nested compile regions (torch.compiler.nested_compile_region).
 
 A region is traced and compiled once per distinct input signature and then called
 again wherever it repeats, so the target's N decoder layers and the draft's K steps
 compile one layer's code, not N + K copies: see specdraft.models.layers for which
 parts of a layer are regions. In eager mode a region is a plain call.
 SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
-
-Floats a region reads (a norm's eps, RoPE's theta and scaling) are held as
-`ConfigFloat`: under torch.compile(dynamic=True) Dynamo turns every plain float
-attribute into a symbol, and a region that reads such a symbol cannot be called a
-second time (torch 2.11 and 2.13: "invoke_subgraph operands must be a list of
-tensors/ints/SymInts"; tests/models/test_regions.py). A float subclass is not
-`type(x) is float`, so Dynamo keeps it a constant, guarded on the object, which is
-what a config value is.
 """
 
 from __future__ import annotations
@@ -22,19 +13,6 @@ import functools
 import os
 
 import torch
-
-
-class ConfigFloat(float):
-    """A float read from a model's config: a constant to torch.compile, whatever its
-    `dynamic` setting (see the module docstring). Behaves as the float it holds."""
-
-    def __repr__(self) -> str:
-        return float.__repr__(self)
-
-
-def config_float(value) -> ConfigFloat:
-    """`value` as a ConfigFloat (None stays None)."""
-    return None if value is None else ConfigFloat(value)
 
 
 def _no_region(fn):

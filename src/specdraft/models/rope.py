@@ -19,14 +19,11 @@ cannot follow.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-from specdraft.models.regions import config_float
 
 ROPE_TYPES = ("linear", "yarn", "llama3")
 DYNAMIC_NTK_REFUSAL = (
@@ -161,13 +158,6 @@ def _yarn_inverse_frequencies(head_dim, theta, s: RopeScaling, device) -> torch.
     return interpolated * (1 - keep) + extrapolated * keep
 
 
-def constant_scaling(scaling: RopeScaling) -> RopeScaling:
-    """The same scaling with its float fields as ConfigFloats (models.regions)."""
-    floats = {f.name: config_float(getattr(scaling, f.name)) for f in dataclasses.fields(scaling)
-              if type(getattr(scaling, f.name)) is float}  # fmt: skip
-    return dataclasses.replace(scaling, **floats)
-
-
 def mrope_rows(mrope_section: tuple[int, ...], interleaved: bool = False) -> torch.Tensor:
     """[sum(section)] int64: which positions row (0 = t, 1 = h, 2 = w) drives each
     frequency. Qwen2-VL's layout is contiguous sections (t t .. h h .. w w ..);
@@ -239,10 +229,9 @@ class RotaryEmbedding(nn.Module):
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise ValueError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
         self.head_dim = head_dim
-        # ConfigFloats: constants to torch.compile inside a layer's compile region.
-        self.theta = config_float(theta)
-        self.scaling = None if scaling is None else constant_scaling(scaling)
-        self.attention_factor = config_float(1.0 if scaling is None else scaling.attention_factor)
+        self.theta = float(theta)
+        self.scaling = scaling
+        self.attention_factor = 1.0 if scaling is None else float(scaling.attention_factor)
         self.mrope_section = None if mrope_section is None else tuple(mrope_section)
         self.mrope_interleaved = bool(mrope_interleaved)
         # Non-persistent: derived from the config, never part of a checkpoint. (The

@@ -75,7 +75,8 @@ class TinyTargetModel(nn.Module):
         writes = planned_writes(kv_caches[: len(self.layers)], attn_metadata)
         for i, layer in enumerate(self.layers):
             entering.append(h)
-            h = layer(positions, h, cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i), writes))
+            attend = cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i), writes)
+            h = layer.forward_in_regions(positions, h, attend)
         aux = torch.cat([entering[i] for i in aux_layers], dim=-1) if aux_layers else None
         return self.norm(h), aux
 

@@ -36,7 +36,7 @@ from torch import nn
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.block import BlockConfig, BlockDraftHead
 from specdraft.models.layers import Attend
-from specdraft.models.regions import compile_region, config_float
+from specdraft.models.regions import compile_region
 from specdraft.models.rope import RotaryEmbedding, inverse_frequencies
 
 
@@ -69,7 +69,7 @@ class GemmaRMSNorm(nn.Module):
 
     def __init__(self, size: int, eps: float, with_scale: bool = True) -> None:
         super().__init__()
-        self.eps = config_float(eps)
+        self.eps = eps
         self.weight = nn.Parameter(torch.ones(size)) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ class ProportionalRotaryEmbedding(RotaryEmbedding):
     def __init__(self, head_dim: int, theta: float, partial_rotary_factor: float, factor: float = 1.0) -> None:
         super().__init__(head_dim, theta)
         self.num_rotated = int(partial_rotary_factor * head_dim // 2)
-        self.factor = config_float(factor)
+        self.factor = float(factor)
 
     def inverse_frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
         inv = inverse_frequencies(self.head_dim, self.theta, device)
