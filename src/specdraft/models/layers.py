@@ -103,6 +103,10 @@ class SwiGLU(nn.Module):
 
     @compile_region
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.swiglu(x)
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """forward outside its compile region (for a caller inside one of its own)."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -143,7 +147,12 @@ class DecoderLayer(nn.Module):
 
     @compile_region
     def finish_region(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.finish(attn_out, residual)
+        """`finish`, its MLP not a region of its own: a region nested in another that a
+        graph also calls outside it (the draft head's MLP beside the target's) breaks
+        Inductor's lookup of the inner one (torch 2.13: "no attribute
+        'repeated_subgraph2.repeated_subgraph0'")."""
+        h = residual + self.self_attn.output(attn_out)
+        return h + self.mlp.swiglu(self.post_attention_layernorm(h))
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(what attention reads, the residual) of the layer's input x."""
