@@ -41,6 +41,7 @@ from specdraft.generation import SpeculativeDecoder, num_kv_blocks
 from specdraft.generation.verify import window_batch
 from specdraft.layout import BatchMetadata
 from specdraft.models import DraftModelConfig, Eagle3Head, TinyTargetModel
+from specdraft.models.regions import in_layer_regions
 from specdraft.proposers import EagleProposer
 
 TEMPERATURE = 0.7
@@ -83,7 +84,8 @@ class Device:
 
     def compile_alone(self, fn):
         backend = {"backend": "aot_eager"} if self.smoke else {}
-        return torch.compile(fn, fullgraph=True, dynamic=False, **backend)
+        # Static shapes, as the decoder's own compile: the layers as regions too.
+        return in_layer_regions(torch.compile(fn, fullgraph=True, dynamic=False, **backend))
 
     def sync(self) -> None:
         if not self.smoke:

@@ -1,5 +1,6 @@
-"""The target model's layers as nested compile regions (TinyTargetModel.forward's
-layer_regions, DecoderLayer.forward_in_regions): the compiled forward equals eager,
+"""The target model's layers as nested compile regions (inside
+models.regions.layer_regions(), as SpeculativeDecoder's compiled calls run): the
+compiled forward equals eager,
 and its graph holds one compiled copy of a layer's pieces whatever the depth, which
 is what keeps the 32-layer cold compile near a 2-layer one (benchmarks/README.md,
 "By target depth"). Graph-structure checks on the CPU stand in for the CUDA compile
@@ -10,6 +11,7 @@ import torch
 
 from specdraft.generation.verify import prompt_batch
 from specdraft.models import DraftModelConfig, TinyTargetModel
+from specdraft.models.regions import in_layer_regions
 
 BLOCK = 4
 
@@ -28,9 +30,11 @@ def run(model, layer_regions, backend=None):
     ids, positions, metadata, _ = prompt_batch(prompts, table, BLOCK, 16)
 
     def forward(ids, positions):
-        return model(ids, positions, metadata, caches, aux_layers=(0, 1), layer_regions=layer_regions)
+        return model(ids, positions, metadata, caches, aux_layers=(0, 1))
 
     fn = forward if backend is None else torch.compile(forward, fullgraph=True, dynamic=False, backend=backend)
+    if layer_regions:
+        fn = in_layer_regions(fn)
     with torch.no_grad():
         return fn(ids, positions), caches
 

@@ -10,7 +10,6 @@ per iteration, between iterations.
 """
 
 import dataclasses
-import inspect
 from typing import NamedTuple
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from specdraft.config import SamplingParams
 from specdraft.layout import BatchMetadata
 from specdraft.models import default_aux_layers
+from specdraft.models.regions import in_layer_regions
 
 from . import checks
 from .budget import (
@@ -170,18 +170,16 @@ class SpeculativeDecoder(RunBudget):
         if target_kv_caches is not None:
             self._set_target_caches(list(target_kv_caches))
         self.compile_options = None if compile is False else ({} if compile is True else dict(compile))
-        # The target's layers as compile regions (TinyTargetModel's layer_regions): only
-        # in a static-shape compile, the one case they support (models/layers.py,
-        # DecoderLayer.forward_in_regions).
-        static = self.compile_options is not None and self.compile_options.get("dynamic", False) is False
-        takes_regions = "layer_regions" in inspect.signature(target.forward).parameters
-        self.target_kwargs = {"layer_regions": True} if static and takes_regions else {}
         fns = {"iteration": self.iteration, "verify": self.verify, "draft": self.draft}
         if self.compile_options is not None:
             # Static shapes unless asked otherwise: a new batch size compiles a graph of
             # its own instead of Dynamo's automatic switch to a slower dynamic one.
             options = {"dynamic": False, **self.compile_options}
             fns = {name: torch.compile(fn, fullgraph=True, **options) for name, fn in fns.items()}
+            if options["dynamic"] is False:
+                # Static shapes: the layers' parts around the attention as compile
+                # regions too (models/regions.py), one layer's code for all of them.
+                fns = {name: in_layer_regions(fn) for name, fn in fns.items()}
         self.compiled = fns
 
     # ------------------------------------------------------------------ caches
@@ -214,10 +212,9 @@ class SpeculativeDecoder(RunBudget):
     def run_target(self, token_ids, positions, metadata):
         """(final hidden [T, H], what the draft reads [T, H or 3H])."""
         if self.aux_layers:
-            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches, aux_layers=self.aux_layers,
-                                      **self.target_kwargs)  # fmt: skip
+            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches, aux_layers=self.aux_layers)
         else:
-            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches, **self.target_kwargs)
+            hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches)
         return hidden, (aux if self.feeds_aux else hidden)
 
     def prefill(self, prompts: list[torch.Tensor], requests: Requests) -> DecodeState:

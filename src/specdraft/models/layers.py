@@ -11,9 +11,10 @@ attend -> finish (o_proj, residual, MLP).
 
 Under torch.compile the paged attention (specdraft.models.cache_attention) and the
 MLP are nested compile regions (specdraft.models.regions), compiled once and called
-by every layer and draft step with the same shapes. The target model goes further
-(`forward_in_regions`): the parts before and after its attention are regions too, so
-its N layers compile one layer's code (benchmarks/README.md, "By target depth").
+by every layer and draft step with the same shapes; inside regions.layer_regions()
+(SpeculativeDecoder's compiled calls) the parts before and after the attention are
+regions too (normed_qkv or qkv, finish_region), so N target layers and K draft
+steps compile one layer's code (benchmarks/README.md, "By target depth").
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.config import DraftModelConfig
-from specdraft.models.regions import compile_region
+from specdraft.models.regions import compile_region, layer_regions_on
 from specdraft.models.rope import RotaryEmbedding
 
 # attend(q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) -> [T, heads, D]:
@@ -124,26 +125,22 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(h, config.intermediate_size)
 
     def forward(self, positions, x, attend: Attend) -> torch.Tensor:
+        if layer_regions_on():
+            q, k, v = self.normed_qkv(positions, x)
+            return self.finish_region(attend(q, k, v), x)
         attn_input, residual = self.attention_input(x)
         return self.attend_and_mlp(positions, attn_input, residual, attend)
-
-    def forward_in_regions(self, positions, x, attend: Attend) -> torch.Tensor:
-        """`forward`, with the parts before and after the attention as nested compile
-        regions (normed_qkv, finish_region): every layer of a model then compiles the
-        same two pieces once. For callers compiled with static shapes only (the target
-        model's forward under SpeculativeDecoder): these regions read float
-        attributes (the norms' eps, RoPE's theta), which torch.compile(dynamic=True)
-        turns into symbols, and torch 2.13 cannot call a region reading such a symbol
-        a second time ("invoke_subgraph operands must be a list of
-        tensors/ints/SymInts"); SPECDRAFT_COMPILE_REGIONS=0 turns every region off."""
-        q, k, v = self.normed_qkv(positions, x)
-        return self.finish_region(attend(q, k, v), x)
 
     @compile_region
     def normed_qkv(self, positions, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, D], k and v [T, kv_heads, D] of the layer's input x: the input
         norm, the projections, Qwen3's per-head norm, RoPE."""
         return self.self_attn.project(positions, self.attention_input(x)[0])
+
+    @compile_region
+    def qkv(self, positions, attn_input) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of an input already normed (a draft head's step input)."""
+        return self.self_attn.project(positions, attn_input)
 
     @compile_region
     def finish_region(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -161,6 +158,9 @@ class DecoderLayer(nn.Module):
     def attend_and_mlp(self, positions, attn_input, residual, attend: Attend) -> torch.Tensor:
         """The layer after its input norm: q, k, v of attn_input at `positions`, the
         caller's attention over them, then `finish`."""
+        if layer_regions_on():
+            q, k, v = self.qkv(positions, attn_input)
+            return self.finish_region(attend(q, k, v), residual)
         q, k, v = self.self_attn.project(positions, attn_input)
         return self.finish(attend(q, k, v), residual)
 

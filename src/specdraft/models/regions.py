@@ -5,12 +5,28 @@ again wherever it repeats, so the target's N decoder layers and the draft's K st
 compile one layer's code, not N + K copies: see specdraft.models.layers for which
 parts of a layer are regions. In eager mode a region is a plain call.
 SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
+
+Two kinds of region:
+- the paged attention and the MLP, always (models.cache_attention, layers.SwiGLU);
+- a layer's parts before and after its attention (the norms, projections and RoPE;
+  o_proj, the residual and the MLP: layers.DecoderLayer), only inside
+  `layer_regions()`, which SpeculativeDecoder's compiled calls run in (static
+  shapes). They read float attributes (a norm's eps, RoPE's theta), which
+  torch.compile(dynamic=True) turns into symbols, and a region reading such a symbol
+  cannot be called a second time (torch 2.13: "invoke_subgraph operands must be a
+  list of tensors/ints/SymInts"); a float subclass kept constant would do on torch
+  2.13 but torch 2.11 cannot pass one into a region. So a compile with dynamic
+  shapes (the training evaluator, a user's dynamic=True propose) must not use them,
+  and does not unless it runs inside layer_regions(). Dynamo reads the switch while
+  tracing and guards on it: a graph traced with it on is used only with it on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -41,5 +57,36 @@ def compile_region(fn):
         if torch.is_grad_enabled():
             return fn(*args, **kwargs)
         return region(*args, **kwargs)
+
+    return call
+
+
+LAYER_REGIONS = False  # see layer_regions(); module state that Dynamo guards on
+
+
+@contextlib.contextmanager
+def layer_regions() -> Iterator[None]:
+    """Within: decoder layers compile their parts around the attention as regions too
+    (see the module docstring). Only for calls compiled with static shapes."""
+    global LAYER_REGIONS
+    before, LAYER_REGIONS = LAYER_REGIONS, True
+    try:
+        yield
+    finally:
+        LAYER_REGIONS = before
+
+
+def layer_regions_on() -> bool:
+    return LAYER_REGIONS and nested_region is not _no_region
+
+
+def in_layer_regions(fn):
+    """fn (a torch.compile'd function with static shapes) called inside
+    layer_regions(): its trace, and every call after it, see the switch on."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with layer_regions():
+            return fn(*args, **kwargs)
 
     return call

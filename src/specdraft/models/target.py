@@ -72,11 +72,7 @@ class TinyTargetModel(nn.Module):
         kv_caches,
         aux_layers: tuple[int, ...] = (),
         inputs_embeds=None,
-        layer_regions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """layer_regions: each layer through DecoderLayer.forward_in_regions, so that
-        torch.compile compiles one layer's code for all of them; only under a compile
-        with static shapes (SpeculativeDecoder sets it there)."""
         for i in aux_layers:
             if not 0 <= i < self.config.num_layers:
                 raise ValueError(f"aux_layers: layer {i} is not in [0, {self.config.num_layers})")
@@ -86,7 +82,7 @@ class TinyTargetModel(nn.Module):
         for i, layer in enumerate(self.layers):
             entering.append(h)
             attend = cache_attention(kv_caches[i], metadata_for_layer(attn_metadata, i), writes)
-            h = layer.forward_in_regions(positions, h, attend) if layer_regions else layer(positions, h, attend)
+            h = layer(positions, h, attend)
         aux = torch.cat([entering[i] for i in aux_layers], dim=-1) if aux_layers else None
         return self.norm(h), aux
 
