@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdraft.models import PADDING_SLOT_ID, attention, paged_attention, write_kv_cache
+from specdraft.models.kv_cache import plan_slot_writes, write_planned
 
 
 @dataclass
@@ -178,6 +179,24 @@ def test_cache_write_skips_every_pad_pattern(device, slots):
         if 0 <= s < 20:
             expect[0, s], expect[1, s] = key[i], value[i]
     torch.testing.assert_close(cache.view(2, 20, 2, 3), expect, rtol=0, atol=0)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("slots", [[-1, -1, -1], [-1, 5, -1], [3, 40, -7], [0, 19, 8]])
+def test_writes_planned_once_for_several_caches(device, slots):
+    """plan_slot_writes once, write_planned into three caches (a target pass's
+    layers): each cache as the per-slot loop would write it."""
+    caches = [torch.randn(2, 5, 4, 2, 3).to(device) for _ in range(3)]
+    befores = [c.clone() for c in caches]
+    writes = plan_slot_writes(torch.tensor(slots, dtype=torch.int64).to(device), 5, 4)
+    for cache, before in zip(caches, befores, strict=True):
+        key, value = torch.randn(len(slots), 2, 3).to(device), torch.randn(len(slots), 2, 3).to(device)
+        write_planned(cache, key, value, writes)
+        expect = before.view(2, 20, 2, 3).clone()
+        for i, s in enumerate(slots):
+            if 0 <= s < 20:
+                expect[0, s], expect[1, s] = key[i], value[i]
+        torch.testing.assert_close(cache.view(2, 20, 2, 3), expect, rtol=0, atol=0)
 
 
 def test_bad_arguments_name_themselves():
