@@ -84,3 +84,20 @@ def test_one_compiled_layer_whatever_the_depth():
     (plain_deep,) = graphs_of(target(6), layer_regions=False)
     plain_grown = len(plain_deep.graph.nodes) - len(plain_shallow.graph.nodes)
     assert grown < plain_grown / 2, f"{grown} more nodes for four more layers, {plain_grown} without layer regions"
+
+
+def test_switch_is_guarded():
+    """A graph traced inside layer_regions() is not reused outside it, nor the other
+    way round: Dynamo guards on the switch (the decoder's compiled calls always run
+    inside it; a dynamic-shape compile of the same code must never see it on)."""
+    from specdraft.models import regions
+
+    def read(x):
+        return x + 1 if regions.layer_regions_on() else x - 1
+
+    compiled = torch.compile(read, fullgraph=True, backend="eager")
+    x = torch.zeros(2)
+    with regions.layer_regions():
+        inside = compiled(x)
+    outside = compiled(x)
+    assert inside.tolist() == [1.0, 1.0] and outside.tolist() == [-1.0, -1.0]
