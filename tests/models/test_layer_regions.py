@@ -51,7 +51,7 @@ def graphs_of(model, layer_regions=True):
 
 
 @pytest.mark.parametrize("layers", [2, 5])
-def test_compiled_forward_in_regions_equals_eager(layers):
+def test_compiled_forward_with_layer_regions_equals_eager(layers):
     model = target(layers)
     (want, want_aux), want_caches = run(model, False)
     (got, got_aux), got_caches = run(model, True, "aot_eager")

@@ -24,7 +24,7 @@ import torch
 
 from specdraft.layout import BatchMetadata, TreeBatchMetadata
 from specdraft.models.attention import paged_attention, paged_tree_attention
-from specdraft.models.kv_cache import SlotWrites, check_kv_write, plan_slot_writes, write_kv_cache, write_planned
+from specdraft.models.kv_cache import SlotWrites, plan_slot_writes, write_kv_cache
 from specdraft.models.layers import Attend
 from specdraft.models.regions import compile_region
 
@@ -51,23 +51,13 @@ def tree_attention_region(q, kv_cache, prefix_lens, block_table, max_seq_len, an
     return out.reshape(batch * num_nodes, *out.shape[2:])
 
 
-def write(kv_cache, k, v, slot_mapping, writes: SlotWrites | None) -> None:
-    """k / v into the cache at slot_mapping, through `writes` where the caller planned
-    them once for every layer (plan_slot_writes)."""
-    if writes is None:
-        write_kv_cache(kv_cache, k, v, slot_mapping)
-    else:
-        check_kv_write(kv_cache, k, v, slot_mapping)
-        write_planned(kv_cache, k, v, writes)
-
-
 def paged(kv_cache: torch.Tensor, metadata: BatchMetadata, writes: SlotWrites | None = None) -> Attend:
     """Attention over kv_cache for the windows `metadata` lays out: writes k / v at
     its slot_mapping, then paged attention over the cache."""
 
     def attend(q, k, v):
         m = metadata
-        write(kv_cache, k, v, m.slot_mapping, writes)
+        write_kv_cache(kv_cache, k, v, m.slot_mapping, writes)
         return paged_attention_region(q, kv_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len,
                                       m.max_seq_len)  # fmt: skip
 
@@ -80,7 +70,7 @@ def paged_tree(kv_cache: torch.Tensor, metadata: TreeBatchMetadata, writes: Slot
 
     def attend(q, k, v):
         m = metadata
-        write(kv_cache, k, v, m.slot_mapping, writes)
+        write_kv_cache(kv_cache, k, v, m.slot_mapping, writes)
         return tree_attention_region(q, kv_cache, m.prefix_lens, m.block_table, m.max_seq_len, m.ancestors)
 
     return attend

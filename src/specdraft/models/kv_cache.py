@@ -111,11 +111,21 @@ def check_kv_write(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         raise ValueError(f"slot_mapping must have shape [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
 
 
-def write_kv_cache(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv_cache(
+    kv_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    writes: SlotWrites | None = None,
+) -> None:
     """Store key / value [T, kv_heads, head_dim] at slot_mapping [T], in place; rows
     whose slot is negative (PADDING_SLOT_ID) or past the cache are skipped (see
-    plan_slot_writes for how, without a data-dependent shape)."""
+    plan_slot_writes for how, without a data-dependent shape). `writes`: the plan of
+    slot_mapping for this cache's shape where the caller made it once for several
+    caches (a pass's layers); None plans here."""
     check_kv_write(kv_cache, key, value, slot_mapping)
     if key.shape[0] == 0:
         return
-    write_planned(kv_cache, key, value, plan_slot_writes(slot_mapping, *kv_cache.shape[1:3]))
+    if writes is None:
+        writes = plan_slot_writes(slot_mapping, *kv_cache.shape[1:3])
+    write_planned(kv_cache, key, value, writes)

@@ -65,13 +65,7 @@ class TinyTargetModel(nn.Module):
         return self.config.extra.get("max_position_embeddings")
 
     def forward(
-        self,
-        input_ids,
-        positions,
-        attn_metadata,
-        kv_caches,
-        aux_layers: tuple[int, ...] = (),
-        inputs_embeds=None,
+        self, input_ids, positions, attn_metadata, kv_caches, aux_layers: tuple[int, ...] = (), inputs_embeds=None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         for i in aux_layers:
             if not 0 <= i < self.config.num_layers:
