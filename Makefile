@@ -14,7 +14,8 @@ TORCH_SPEC ?= torch==2.13.0
 VENV ?= .venv
 SMOKE_VENV ?= .venv-smoke
 PY := $(VENV)/bin/python
-PYTEST_FLAGS ?= -q
+# -rfE: the failures' names and errors in the summary, the tail a CI log shows.
+PYTEST_FLAGS ?= -q -rfE
 # Two workers: CI has two cores, and compile tests are CPU-bound. loadfile keeps a
 # file on one worker (its module fixtures compile once); files go out heaviest first
 # (tests/conftest.py, tests/file_durations.json), so neither worker idles at the end.

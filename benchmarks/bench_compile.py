@@ -17,9 +17,9 @@ torch.compiler.save_cache_artifacts (torch.compiler.load_cache_artifacts: how
 compiled code moves to another machine or container). Compile time = the first compiled call (Dynamo trace, AOT,
 Inductor codegen, kernel builds) minus nothing: one execution of a few ms is
 included. Split: Dynamo (tracing), backend (AOT + Inductor, of which the wait for
-the C++ / Triton kernel builds). With Inductor's CPU defaults the first compile of
-a process also runs its vector-ISA probe (test builds, a few seconds cold); the
-demo's CPU options skip it. Inductor's precompiled header lives in its default
+the C++ / Triton kernel builds). The first compile of a process also runs Inductor's
+vector-ISA probe (test builds, ~12 s on a cold cache folder, then a cached load of
+~1 s), reported apart ("first compile of the process"), not in the cold figure. Inductor's precompiled header lives in its default
 folder whatever the cache folder, so it is built once per machine and reused by
 "cold" runs. The CPU builds run on torch's compile worker pool; on a shared machine
 the load average (printed) moves these numbers a lot.

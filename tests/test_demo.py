@@ -7,7 +7,10 @@ shipped block drafters the same way (K = their block by default; --tree and a K 
 the block refused)."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -288,3 +291,26 @@ def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch
     assert got["greedy_identical"] is False
     assert got["first_difference"] == {"prompt": int(failed.group(1)), "token": int(failed.group(2))}
     assert "mean_acceptance_length" not in got
+
+
+def test_demo_options_leave_later_compiles_vectorised(tmp_path):
+    """A compile with the demo's CPU options must not change how later compiles of the
+    process lower: CPU flex_attention (the training evaluator's attention) needs the
+    vector ISA, and with cpp.vec_isa_ok=False as the process's first compile
+    Inductor cached "no vector ISA" for the whole process and refused to lower it
+    (the CPU lane failed this way whenever the demo-options tree test ran on the
+    flex tests' worker first). A fresh process: the probe runs once per process."""
+    script = """
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+from specdraft.demo import compile_options
+scalar = torch.compile(lambda x: x.sin() * 2, **compile_options("cpu", True))
+scalar(torch.randn(64))
+q = torch.randn(1, 2, 128, 16)
+out = torch.compile(flex_attention)(q, q, q)
+torch.testing.assert_close(out, flex_attention(q, q, q))
+print("ok")
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]

@@ -64,17 +64,23 @@ if TYPE_CHECKING:
 def compile_options(device: str, enabled: bool):
     """The iteration's torch.compile options (the decoder adds fullgraph=True,
     dynamic=False). CUDA: mode="reduce-overhead", each iteration one CUDA graph
-    replay. CPU: Inductor's C++ without SIMD code (cpp.vec_isa_ok=False): at these
-    sizes the vectorised loops barely run faster, generating and building them is
-    about a quarter of the compile time, and without them Inductor skips its
-    vector-ISA probe (test builds of a few seconds, once per process)."""
+    replay. CPU: Inductor's C++ without SIMD code (cpp.simdlen=0): at these sizes the
+    vectorised loops barely run faster, and generating and building them is about a
+    quarter of the compile time.
+
+    Not cpp.vec_isa_ok=False, which says the same for this compile but also for every
+    later one in the process: Inductor probes the machine's vector ISAs once per
+    process under whatever options the first compile had, so after it every compile
+    of the process was scalar, and CPU flex_attention (the training evaluator's
+    attention), which needs the vector ISA, failed to lower
+    (tests/test_demo.py::test_demo_options_leave_later_compiles_vectorised)."""
     import torch
 
     if not enabled:
         return False
     if torch.device(device).type == "cuda":
         return {"mode": "reduce-overhead"}
-    return {"options": {"cpp.vec_isa_ok": False}}
+    return {"options": {"cpp.simdlen": 0}}
 
 
 def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int = MAX_MODEL_LEN, tree=None,
