@@ -99,7 +99,7 @@ def bench_rejection(copy_gbs: float) -> str:
 def sweep_draft_tiles(copy_gbs: float) -> str:
     """draft_sample's tile shape at V = 152k, B = 256: tokens per program (CHUNK_V),
     per loop iteration (DRAFT_BLOCK_V) and warps; the module defaults are the first row."""
-    ds = importlib.import_module("specdraft.ops.sampling.draft")  # the module whose launcher reads these tiles
+    ds = importlib.import_module("specdraft.ops.sampling.draft.op")  # the module whose launcher reads these tiles
     defaults = (ds.CHUNK_V, ds.DRAFT_BLOCK_V, ds.DRAFT_NUM_WARPS)
     configs = [defaults, (8192, 2048, 8), (16384, 2048, 8), (16384, 1024, 4), (8192, 512, 4)]
     rows = []

@@ -41,18 +41,15 @@ from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata
 from specdraft.ops import copy_and_expand_inputs
 from specdraft.proposers.base import Proposer
+from specdraft.proposers.draft_sampling import DraftOutput, DraftSampler, allocate_draft_probs, first_row
 from specdraft.proposers.loop import (
-    DraftOutput,
-    DraftSampler,
     StepState,
     TargetWindow,
     WindowPass,
     advance,
-    allocate_draft_probs,
     clamp_ids,
     clamp_rows,
     decode_n_tokens,
-    first_row,
     first_step_state,
     one_group,
     static_min,

@@ -15,7 +15,8 @@ from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import PADDING_SLOT_ID, BatchMetadata, position_rows, resolve_max_seq_len
 from specdraft.ops import prepare_eagle_input, prepare_inputs_padded, prepare_next_token_padded
 from specdraft.proposers.checks import check_kv_caches, check_padded_inputs, check_propose_inputs
-from specdraft.proposers.loop import DraftOutput, TargetWindow, clamp_rows
+from specdraft.proposers.draft_sampling import DraftOutput
+from specdraft.proposers.loop import TargetWindow, clamp_rows
 from specdraft.proposers.value_checks import (
     KVGroup,
     check_padded_values,

@@ -18,17 +18,8 @@ from specdraft.layout import BatchMetadata, window_of
 from specdraft.ops import copy_and_expand_inputs, extend_queries_by_n, new_slot_mapping
 from specdraft.proposers.base import Proposer
 from specdraft.proposers.checks import check_method
-from specdraft.proposers.loop import (
-    DraftOutput,
-    TargetWindow,
-    advance,
-    clamp_ids,
-    clamp_rows,
-    draft_k_tokens,
-    first_row,
-    sample_per_request,
-    static_min,
-)
+from specdraft.proposers.draft_sampling import DraftOutput, first_row, sample_per_request
+from specdraft.proposers.loop import TargetWindow, advance, clamp_ids, clamp_rows, draft_k_tokens, static_min
 from specdraft.proposers.tree import TreeDraftOutput, draft_tree
 from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 

@@ -29,14 +29,8 @@ from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.layout import BatchMetadata
 from specdraft.ops import step_metadata
 from specdraft.proposers.base import Proposer
-from specdraft.proposers.loop import (
-    DraftOutput,
-    StepState,
-    TargetWindow,
-    draft_k_tokens,
-    single_token_batch,
-    static_min,
-)
+from specdraft.proposers.draft_sampling import DraftOutput
+from specdraft.proposers.loop import StepState, TargetWindow, draft_k_tokens, single_token_batch, static_min
 from specdraft.proposers.value_checks import KVGroup
 
 

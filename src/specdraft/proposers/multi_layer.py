@@ -48,14 +48,8 @@ from specdraft.layout import BatchMetadata
 from specdraft.ops import MAX_SHIFT_LIMIT
 from specdraft.proposers.adjust_input import ShiftCache, adjust_input
 from specdraft.proposers.base import Proposer, check_unpadded_args
-from specdraft.proposers.loop import (
-    DraftOutput,
-    TargetWindow,
-    clamp_ids,
-    clamp_rows,
-    draft_chained,
-    shift_input_ids,
-)
+from specdraft.proposers.draft_sampling import DraftOutput
+from specdraft.proposers.loop import TargetWindow, clamp_ids, clamp_rows, draft_chained, shift_input_ids
 from specdraft.proposers.value_checks import check_unpadded_values
 
 

@@ -1,5 +1,5 @@
 """Hypothesis strategies for draft sampling and rejection sampling (their value
-checkers are checked mode's, beside their ops: ops/sampling/draft.py, rejection/op.py).
+checkers are checked mode's, beside their ops: ops/sampling/draft/op.py, rejection/op.py).
 
 A `SamplingBatch` is plain Python data (per-request temperature, seed, position,
 number of drafts) plus one integer that seeds the logits, so a failing example

@@ -16,7 +16,7 @@ head then walks the block in order. At step s, with p the previous token
 
 then corrected_s = base_s + W2 @ latent (W2 = markov_w2.weight [V, r], a Linear(r -> V)
 without bias), and the token at s is sampled from corrected_s exactly as
-`draft_sample` samples a row (ops/sampling/draft.py): greedy argmax (first index on
+`draft_sample` samples a row (ops/sampling/draft/): greedy argmax (first index on
 ties) where temperature[b] <= 0, else seeded Gumbel-max with the noise of
 (seeds[b], positions[b] + s, token, salt).
 

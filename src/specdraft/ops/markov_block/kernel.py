@@ -15,7 +15,7 @@ the grid-wide barrier between steps. One op, 2S + 1 launches (S + 1 for vanilla)
 - `markov_bias_kernel` (grid B x cdiv(V, ROWS_PER_PROGRAM)): per tile of
   vocabulary rows, bias = W2[rows] @ latent, corrected = base + bias (stored), and
   the per-lane argmax of the greedy or Gumbel-max keys, exactly draft_sample's
-  (ops/sampling/draft.py), with the noise keyed by positions[b] + s. Writes one
+  (ops/sampling/draft/), with the noise keyed by positions[b] + s. Writes one
   (key, index) partial per program. For vanilla the latent is W1[p]: this kernel
   combines the previous partials and gathers it itself, after the first W2 tile's
   load is issued, so the combine hides under it. Odd steps walk each program's tiles

@@ -1,4 +1,4 @@
-"""Sampling ops: draft-token sampling (draft.py), rejection sampling of drafts
+"""Sampling ops: draft-token sampling (draft/), rejection sampling of drafts
 against the target (rejection/) and verification of a draft tree (tree_verify.py),
 all drawing the counter-based noise of noise.py and streaming the vocabulary with
 ops/common/scan.py's loop over tiles.py's tiles. Chain and tree verification share
