@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import specdraft.generation.verify as verify_module
-import specdraft.proposers.loop as loop_module
+import specdraft.proposers.draft_sampling as draft_sampling_module
 from specdraft.config import SamplingParams
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, generate_plain
 from specdraft.tree_shape import TreeShape
@@ -105,8 +105,8 @@ def drafts_outside_the_truncation(build, setup, monkeypatch, **config) -> tuple[
         drafts.append((logits.float().clone(), temperature.clone(), tokens.clone()))
         return tokens
 
-    real = loop_module.draft_sample
-    monkeypatch.setattr(loop_module, "draft_sample", recording)
+    real = draft_sampling_module.draft_sample
+    monkeypatch.setattr(draft_sampling_module, "draft_sample", recording)
     result, p = speculative(build, setup, "eagle", 2, None, **PROBABILISTIC, **config)
     monkeypatch.undo()
     truncation_of = {t: truncation for _, t, truncation in GROUPS}
