@@ -8,43 +8,19 @@ indices, bf16): test_tree_kernels_compile_for_gpu.py."""
 
 import importlib
 import importlib.util
-import pkgutil
 
 import pytest
 import torch
 
-import specdraft.ops
 from specdraft.ops import draft_sample, rejection_sample
 
-from fixtures.gpu_lowering import compile_for_gpu, recorded_launches, signature_of
+from fixtures.gpu_lowering import OPCHECK_TESTS, compile_for_gpu, ops_modules, recorded_launches, signature_of
 from fixtures.lanes import INTERPRETER
 
 pytestmark = [
     pytest.mark.skipif(INTERPRETER, reason="the interpreter lane replaces @triton.jit kernels; this is the CPU lane's"),
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package"),
 ]
-
-# (test module, opcheck test, its extra arguments)
-OPCHECK_TESTS = [
-    ("ops.test_budget_keep_compile", "test_opcheck", {}),
-    ("ops.test_copy_and_expand_compile", "test_opcheck_every_op", {}),
-    ("ops.test_markov_block_compile", "test_opcheck", {}),
-    ("ops.test_paged_attention", "test_opcheck", {}),
-    ("ops.test_prepare_inputs_compile", "test_opcheck_every_op", {}),
-    ("ops.test_shift_and_cache_compile", "test_opcheck_every_op", {}),
-    ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": False}),
-    ("ops.test_step_metadata_compile", "test_opcheck", {"mrope": True}),
-    ("ops.test_vocab_metrics", "test_opcheck", {}),
-    ("ops.sampling.test_sampling_compile", "test_opcheck_every_op", {}),
-    ("ops.sampling.test_truncation", "test_opcheck", {}),
-]
-
-
-def ops_modules() -> list:
-    """Every module of specdraft.ops that launches a kernel through wrap_triton."""
-    names = [m.name for m in pkgutil.walk_packages(specdraft.ops.__path__, "specdraft.ops.")]
-    modules = [importlib.import_module(name) for name in names]
-    return [m for m in modules if hasattr(m, "wrap_triton") and hasattr(m, "use_triton")]
 
 
 @pytest.mark.parametrize(("module", "name", "extra"), OPCHECK_TESTS, ids=lambda v: v if isinstance(v, str) else "")

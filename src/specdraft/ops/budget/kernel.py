@@ -39,17 +39,25 @@ def value_keys(values):
 
 
 @triton.jit
-def tile_keys(values_ptr, depths_ptr, row0, num_reqs, num_pos, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """(keys, tie keys, inside, flat index, rows) of rows [row0, row0 + ROWS); -1 keys
-    outside the batch."""
+def tile_positions(row0, num_reqs, num_pos, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(inside, flat index, rows) of rows [row0, row0 + ROWS). Apart from tile_keys,
+    with no pointer among its arguments: torch.compile's analysis of a launch counts
+    every pointer a store's address was computed from (through a helper's arguments)
+    as written, so the stores take their addresses from here."""
     rows = row0 + tl.arange(0, ROWS)
     cols = tl.arange(0, COLS)
     inside = (rows[:, None] < num_reqs) & (cols[None, :] < num_pos)
-    flat = rows[:, None] * num_pos + cols[None, :]
+    return inside, rows[:, None] * num_pos + cols[None, :], rows
+
+
+@triton.jit
+def tile_keys(values_ptr, depths_ptr, row0, num_reqs, num_pos, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(keys, tie keys) of rows [row0, row0 + ROWS); -1 keys outside the batch."""
+    inside, flat, _ = tile_positions(row0, num_reqs, num_pos, ROWS, COLS)
     keys = value_keys(tl.load(values_ptr + flat, mask=inside, other=-1.0))
     depth = tl.load(depths_ptr + flat, mask=inside, other=0)
     depth = tl.minimum(tl.maximum(depth, 0), num_pos).to(tl.int32)
-    return keys, depth * (num_reqs * num_pos) + flat, inside, flat, rows
+    return keys, depth * (num_reqs * num_pos) + flat
 
 
 @triton.jit
@@ -66,7 +74,7 @@ def count_at_or_before(values_ptr, depths_ptr, keys, ties, key, tie, num_reqs, n
     from registers (keys, ties), the others' loaded."""
     count = tl.sum(at_or_before(keys, ties, key, tie).to(tl.int32))
     for tile in range(1, NUM_TILES):
-        tile_k, tile_t, _, _, _ = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos, ROWS, COLS)
+        tile_k, tile_t = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos, ROWS, COLS)
         count += tl.sum(at_or_before(tile_k, tile_t, key, tie).to(tl.int32))
     return count
 
@@ -80,7 +88,7 @@ def eligible_range(values_ptr, depths_ptr, keys, num_reqs, num_pos,
     low = tl.min(tl.where(keys >= 0, keys, 0x7F800001))
     high = tl.max(keys)
     for tile in range(1, NUM_TILES):
-        tile_k, _, _, _, _ = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos, ROWS, COLS)
+        tile_k, _ = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos, ROWS, COLS)
         count += tl.sum((tile_k >= 0).to(tl.int32))
         low = tl.minimum(low, tl.min(tl.where(tile_k >= 0, tile_k, 0x7F800001)))
         high = tl.maximum(high, tl.max(tile_k))
@@ -91,7 +99,7 @@ def eligible_range(values_ptr, depths_ptr, keys, num_reqs, num_pos,
 def budget_keep_kernel(values_ptr, depths_ptr, budget_ptr, keep_ptr, counts_ptr, num_reqs, num_pos,
                        ROWS: tl.constexpr, COLS: tl.constexpr, NUM_TILES: tl.constexpr):  # fmt: skip
     """keep [B, N] and counts [B] of the whole batch, one program."""
-    keys, ties, _, _, _ = tile_keys(values_ptr, depths_ptr, 0, num_reqs, num_pos, ROWS, COLS)
+    keys, ties = tile_keys(values_ptr, depths_ptr, 0, num_reqs, num_pos, ROWS, COLS)
     eligible, low, high = eligible_range(values_ptr, depths_ptr, keys, num_reqs, num_pos, ROWS, COLS, NUM_TILES)
     budget = tl.load(budget_ptr).to(tl.int64)
     wanted = tl.minimum(tl.maximum(budget, 0), eligible.to(tl.int64)).to(tl.int32)
@@ -120,8 +128,8 @@ def budget_keep_kernel(values_ptr, depths_ptr, budget_ptr, keep_ptr, counts_ptr,
         tie_lo = tl.where(enough, tie_lo, mid)
 
     for tile in range(NUM_TILES):
-        tile_k, tile_t, inside, flat, rows = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos,
-                                                       ROWS, COLS)  # fmt: skip
+        tile_k, tile_t = tile_keys(values_ptr, depths_ptr, tile * ROWS, num_reqs, num_pos, ROWS, COLS)
+        inside, flat, rows = tile_positions(tile * ROWS, num_reqs, num_pos, ROWS, COLS)
         kept = at_or_before(tile_k, tile_t, lo, tie_hi)
         tl.store(keep_ptr + flat, kept, mask=inside)
         tl.store(counts_ptr + rows, tl.sum(kept.to(tl.int32), 1), mask=rows < num_reqs)

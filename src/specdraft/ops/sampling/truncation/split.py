@@ -50,7 +50,7 @@ bin and the two passes agree on every token's bin.
 """
 
 from ...backend import tl, triton
-from .kernel import candidate_weights, key_value, load_clean, min_p_threshold, order_key, row_rules
+from .kernel import candidate_weights, clean, key_value, load_clean, min_p_threshold, order_key, row_rules
 
 
 @triton.jit
@@ -253,7 +253,12 @@ def collect_kernel(
         range_hi = tl.load(span_ptr + row * 3 + 1)
         temp = tl.load(temperature_ptr + row)
         idx = chunk * CHUNK + tl.arange(0, CHUNK)
-        x = load_clean(logits_ptr + row * row_stride, idx, vocab)
+        # Loaded here, not through load_clean: torch.compile's analysis of a launch
+        # counts every pointer a store's address was computed from as written, and it
+        # follows a helper's result back to all its arguments, so the copy's address
+        # (from the atomic, whose mask comes from x) would make the logits "written"
+        # and Inductor would clone them (wrong results on CUDA, torch 2.11).
+        x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
         candidate = (x >= thr) & (x > float("-inf"))
         where = bin_of(x, inv_width)
         above = candidate & (where > range_hi)
