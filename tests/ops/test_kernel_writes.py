@@ -4,15 +4,17 @@ written is cloned and the tensor it came from rebuilt after the launch. An op in
 judged written that way took training.draft_metrics' compiled CUDA graph down a path
 whose results were wrong (torch 2.11, H200: accept sums off by 0.3-6 in one step;
 eager and aot_eager right). The analysis runs on this CPU machine for the sm_90
-target (fixtures/gpu_lowering.py), so this lane catches it: for each op of each ops
-test file, no argument of its launches that shares storage with an op input the
-op's schema does not mark mutable may be judged written."""
+target (fixtures/gpu_lowering.py), so this lane catches it: for every specdraft op
+call of each ops test file's opcheck test and of the tree ops' launch tests, no
+argument of its launches that shares storage with an op input the op's schema does
+not mark mutable may be judged written."""
 
 import importlib
 import importlib.util
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fixtures.gpu_lowering import OPCHECK_TESTS, inductor_written_args, ops_modules, recorded_launches
 from fixtures.lanes import INTERPRETER
@@ -25,7 +27,7 @@ pytestmark = [
 
 def read_only_storages(op, args, kwargs) -> set[int]:
     """Storage addresses of the op's tensor inputs that its schema does not mark as written."""
-    schema = (op if hasattr(op, "_schema") else op.default)._schema
+    schema = op._schema
     bound = dict(zip([a.name for a in schema.arguments], args, strict=False)) | kwargs
     storages = set()
     for argument in schema.arguments:
@@ -37,34 +39,78 @@ def read_only_storages(op, args, kwargs) -> set[int]:
     return storages
 
 
-@pytest.mark.parametrize(("module", "name", "extra"), OPCHECK_TESTS, ids=lambda v: v if isinstance(v, str) else "")
-def test_no_op_input_is_judged_written(module, name, extra, monkeypatch):
-    calls = []  # (op, read-only input storages, its launches' [start, end) in the record)
+class OpCalls(TorchDispatchMode):
+    """Records each specdraft op call: (op, its read-only input storages, the
+    [start, end) of its launches in `launches`)."""
 
-    def call_once(op, args, kwargs=None, **_):
+    def __init__(self, launches):
+        super().__init__()
+        self.launches, self.calls = launches, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        start = len(launches)
-        op(*args, **kwargs)
-        calls.append((op, read_only_storages(op, args, kwargs), start, len(launches)))
+        if func.namespace != "specdraft":
+            return func(*args, **kwargs)
+        start = len(self.launches)
+        out = func(*args, **kwargs)
+        self.calls.append((func, read_only_storages(func, args, kwargs), start, len(self.launches)))
+        return out
 
-    monkeypatch.setattr(torch.library, "opcheck", call_once)
-    with recorded_launches(*ops_modules()) as launches:
-        getattr(importlib.import_module(module), name)(device="cpu", **extra)
-    assert calls and launches
-    checked, wrong = set(), []
+
+def inputs_judged_written(calls, launches) -> list[str]:
+    wrong, checked = [], set()
     for op, inputs, start, end in calls:
         for kernel, args, kwargs in launches[start:end]:
             values = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
             tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
-            key = (
-                kernel.fn.__name__,
-                tuple(sorted(n for n, v in tensors.items() if v.untyped_storage().data_ptr() in inputs)),
-            )
+            on_inputs = {n for n, v in tensors.items() if v.untyped_storage().data_ptr() in inputs}
+            key = (kernel.fn.__name__, tuple(sorted(on_inputs)))
             if key in checked:
                 continue
             checked.add(key)
-            written = inductor_written_args(kernel, args, kwargs)
-            names = sorted(n for n in written if n in tensors and tensors[n].untyped_storage().data_ptr() in inputs)
+            names = sorted(on_inputs & inductor_written_args(kernel, args, kwargs))
             if names:
                 wrong.append(f"{op}: Inductor judges {kernel.fn.__name__} to write its input(s) {names}")
+    return wrong
+
+
+@pytest.mark.parametrize(("module", "name", "extra"), OPCHECK_TESTS, ids=lambda v: v if isinstance(v, str) else "")
+def test_no_op_input_is_judged_written(module, name, extra, monkeypatch):
+    monkeypatch.setattr(torch.library, "opcheck", lambda op, args, kwargs=None, **_: op(*args, **(kwargs or {})))
+    with recorded_launches(*ops_modules()) as launches, OpCalls(launches) as mode:
+        getattr(importlib.import_module(module), name)(device="cpu", **extra)
+    assert mode.calls and launches
+    wrong = inputs_judged_written(mode.calls, launches)
+    assert not wrong, "\n".join(wrong)
+
+
+# The tree ops' launch tests (test_tree_kernels_compile_for_gpu.py), one variant each.
+TREE_TESTS = [
+    ("test_tree_expand", {"dtype": torch.float32}),
+    ("test_tree_select", {"index": torch.int64}),
+    ("test_tree_ancestors", {"index": torch.int64}),
+    ("test_tree_positions", {"index": torch.int64, "rows": 3}),
+    ("test_tree_commit_kv", {"dtype": torch.float32, "index": torch.int64, "layers": 3}),
+    ("test_tree_verify", {"dtype": torch.float32}),
+    ("test_top_logprobs", {"dtype": torch.float32, "vocab": 300, "k": 1}),
+]
+
+
+def test_no_tree_op_input_is_judged_written(monkeypatch):
+    tree = importlib.import_module("ops.test_tree_kernels_compile_for_gpu")
+    wrong, ops = [], set()
+
+    def launches_of(call):
+        with recorded_launches(*tree.MODULES) as launches, OpCalls(launches) as mode:
+            call()
+        assert mode.calls and launches
+        ops.update(op for op, *_ in mode.calls)
+        wrong.extend(inputs_judged_written(mode.calls, launches))
+        return launches
+
+    monkeypatch.setattr(tree, "launches_of", launches_of)
+    monkeypatch.setattr(tree, "assert_compiles", lambda launches: None)
+    for name, kwargs in TREE_TESTS:
+        getattr(tree, name)(**kwargs)
+    assert len(ops) >= len(TREE_TESTS)
     assert not wrong, "\n".join(wrong)
