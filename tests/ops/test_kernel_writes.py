@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fixtures.gpu_lowering import OPCHECK_TESTS, inductor_written_args, ops_modules, recorded_launches
+from fixtures.gpu_lowering import OPCHECK_TESTS, inductor_written_args, launch_values, ops_modules, recorded_launches
 from fixtures.lanes import INTERPRETER
 
 pytestmark = [
@@ -61,8 +61,7 @@ def inputs_judged_written(calls, launches) -> list[str]:
     wrong, checked = [], set()
     for op, inputs, start, end in calls:
         for kernel, args, kwargs in launches[start:end]:
-            values = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
-            tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+            tensors = {n: v for n, v in launch_values(kernel, args, kwargs).items() if isinstance(v, torch.Tensor)}
             on_inputs = {n for n, v in tensors.items() if v.untyped_storage().data_ptr() in inputs}
             key = (kernel.fn.__name__, tuple(sorted(on_inputs)))
             if key in checked:
