@@ -1,13 +1,16 @@
 """Budgeted verification against plain decoding and fixed K, by batch size, on the
 demo pair (greedy): decode tokens/s of plain decoding, fixed K = 1 and K = 3 chains,
-and budgeted iterations (K = 3 drafts, a budget of B, 2B or 3B drafts per
-iteration), each iteration compiled per configuration (CUDA: mode="reduce-overhead");
+budgeted iterations (K = 3 drafts, a budget of B, 2B or 3B drafts per
+iteration), a (4, 4, 16) draft tree and that tree under a budget of B or 3B nodes
+(generation/tree_budget.py), each iteration compiled per configuration (CUDA:
+mode="reduce-overhead");
 then the budget `step_costs.choose_budget` picks from those measured iteration times
 and the fixed-K run's acceptance rates ("auto"), and how it compares with the best of
 plain and fixed K. Every row's output is checked against plain decoding.
 
     python3 benchmarks/bench_budget.py                          # GPU, every batch size
     python3 benchmarks/bench_budget.py --batch-sizes 1 64 --json out.json
+    python3 benchmarks/bench_budget.py --only fixed:3 tree:4 tree-budget:4:1 tree-budget:4:3
     python3 benchmarks/bench_budget.py --smoke                  # CPU, eager, a check of the script
     python benchmarks/bench_budget.py --write-costs             # the table -> the package's demo pair step costs
 
@@ -30,8 +33,11 @@ from record import RESULTS, append_rows, latest, read_rows
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
 from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditional_rates
+from specdraft.proposers import TreeShape
 
 K = 3
+TREE = TreeShape(4, 4, 16)
+TREE_BUDGET_FRACTIONS = (1, 3)  # nodes per iteration: B, 3B (of 15 B)
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 BUDGET_FRACTIONS = (1, 2, 3)  # budgets B, 2B, 3B (= K B: every draft)
 COSTS_FILE = (
@@ -57,6 +63,8 @@ def configurations(batch: int, only=None):
     named MODE[:K[:BUDGET_FRACTION]], plain always)."""
     rows = [("plain", 0, None), ("fixed", 1, None), ("fixed", K, None)]
     rows += [("budget", K, max(1, round(fraction * batch))) for fraction in BUDGET_FRACTIONS]
+    rows += [("tree", TREE.depth, None)]
+    rows += [("tree-budget", TREE.depth, max(1, round(fraction * batch))) for fraction in TREE_BUDGET_FRACTIONS]
     if only is None:
         yield from rows
         return
@@ -91,7 +99,8 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profi
     rows, want = [], None
     for mode, k, budget in configurations(batch, only):
         torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
-        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget)
+        tree = TREE if mode.startswith("tree") else None
+        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget, tree=tree)
         decoder = plain if mode == "plain" else spec
         tokens, stats, rate, ms, spread = run(decoder, prompts, max_new, repeats)
         want = tokens if mode == "plain" else want
@@ -171,7 +180,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per row (the median is reported)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--profile", action="store_true", help="log each row's iteration kernels (stderr)")
-    parser.add_argument("--only", nargs="+", help="rows to run, as MODE:K:BUDGET_FRACTION (e.g. fixed:3 budget:3:1)")
+    parser.add_argument("--only", nargs="+", help="rows to run, as MODE:K:BUDGET_FRACTION (e.g. fixed:3 "
+                        "budget:3:1 tree:4 tree-budget:4:3)")  # fmt: skip
     parser.add_argument("--json", help="write the rows as JSON (after every batch size)")
     parser.add_argument("--write-costs", action="store_true", help=f"write {COSTS_FILE.name} from the table, then exit")
     parser.add_argument("--device-name", help="--write-costs: the device whose rows to use")

@@ -87,9 +87,10 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
                    drafter: str = "eagle3", budget=None, calibration=None):  # fmt: skip
     """(plain, speculative) decoders over the shipped target and `drafter`, for
     batches of up to num_prompts prompts; with tree (a TreeShape; EAGLE-3 only), the
-    speculative one drafts trees; with budget (an int or a StepCosts table; chains
-    and blocks), it verifies a budget of drafts per iteration (SpeculativeDecoder),
-    its estimates calibrated with calibration (the EMA's newest weight, or None)."""
+    speculative one drafts trees; with budget (an int, or for chains and blocks a
+    StepCosts table), it verifies a budget of drafts (tree nodes) per iteration, its
+    estimates calibrated with calibration (chains and blocks: the EMA's newest
+    weight, or None)."""
     from specdraft.assets import load_demo_pair
     from specdraft.config import SpeculativeConfig
     from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder, num_kv_blocks
@@ -107,7 +108,7 @@ def build_decoders(device, k: int, num_prompts: int, compile, max_model_len: int
     proposer = (BlockProposer if block else EagleProposer)(head, config, caches)
     plain = SpeculativeDecoder(target, None, max_model_len=max_model_len, block_size=BLOCK_SIZE, compile=compile)
     if tree is not None:
-        return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile)
+        return plain, TreeSpeculativeDecoder(target, proposer, tree, compile=compile, budget=budget)
     return plain, SpeculativeDecoder(target, proposer, compile=compile, budget=budget, calibration=calibration)
 
 
@@ -265,7 +266,8 @@ def run_demo(args: argparse.Namespace) -> int:
         + ("" if args.budget is None else f", budget {args.budget}")
         + ("" if args.calibration is None else f", calibration {args.calibration}")
         if args.tree is None
-        else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens")
+        else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens"
+              + ("" if args.budget is None else f", budget {args.budget} nodes"))
     )
     print(f"target 4 x 256 Llama (vocab 256 bytes), {describe_drafter(spec.proposer.model, name)}, {drafts}; "
           f"{where}; torch {torch.__version__}")  # fmt: skip
@@ -314,7 +316,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.tree is None:
             eager = SpeculativeDecoder(spec.target, spec.proposer, budget=budget, calibration=args.calibration)
         else:
-            eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree)
+            eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree, budget=budget)
         seeds = torch.arange(args.seed, args.seed + len(prompts))
         num = len(prompts)
         truncation = {}

@@ -55,7 +55,7 @@ def build_parser(prog: str = "python -m specdraft.demo", description: str | None
     )  # fmt: skip
     parser.add_argument(
         "--budget", metavar="N|auto", help="verify at most N drafts per iteration over the batch, those of best "
-        "expected gain (budgeted verification; chains and blocks); auto: the budget with the most expected tokens "
+        "expected gain (budgeted verification; chains, blocks and trees: tree nodes); auto (chains and blocks): the budget with the most expected tokens "
         "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding)",
     )  # fmt: skip
     parser.add_argument(
@@ -114,8 +114,8 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo", description: s
 
 
 def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--budget: an int >= 0 or auto, and not with --tree (trees verify every node);
-    --calibration: in (0, 1], only with --budget."""
+    """--budget: an int >= 0 or auto (auto and --calibration: chains and blocks; a
+    tree shape takes an int); --calibration: in (0, 1], only with --budget."""
     if args.calibration is not None:
         if args.budget is None:
             parser.error("--calibration calibrates a budget's survival estimates: pass --budget as well")
@@ -124,7 +124,14 @@ def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.budget is None:
         return
     if args.tree is not None:
-        parser.error(f"--budget with --tree {args.tree}: a draft tree verifies all its nodes (budget a chain)")
+        if args.tree == "auto":
+            parser.error("--budget with --tree auto: pass a tree shape (D,K,N) or leave --tree out")
+        if args.budget == "auto":
+            parser.error(f"--budget auto with --tree {args.tree}: the step costs choose among chain lengths; "
+                         "pass an int budget of tree nodes")  # fmt: skip
+        if args.calibration is not None:
+            parser.error(f"--calibration with --tree {args.tree}: a tree ranks its nodes by their path "
+                         "probabilities as they are")  # fmt: skip
     if args.budget != "auto":
         try:
             args.budget = int(args.budget)

@@ -69,10 +69,16 @@ class TreeBatchMetadata(BatchMetadata):
     i (its KV slot), seeing the request's first prefix_lens[b] keys and the nodes j
     with ancestors[b, i, j] (itself and its ancestors). A pass over the paged cache
     with this type runs tree attention (models.cache_attention picks it, outside
-    the layers)."""
+    the layers).
+
+    packed: False for N rows per request (query_start_loc = b * N); True for a
+    budgeted pass, whose request b sends only its first n_b <= N nodes (a subtree
+    renumbered so that parents still come first), packed by query_start_loc into
+    rows that may end in padding; max_query_len is N either way."""
 
     prefix_lens: torch.Tensor | None = None  # [B] int64
     ancestors: torch.Tensor | None = None  # [B, N, N] bool
+    packed: bool = False
 
 
 def resolve_max_seq_len(max_seq_len, block_table: torch.Tensor, block_size: int):

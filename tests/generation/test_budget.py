@@ -22,9 +22,8 @@ import torch
 
 import specdraft.generation.verify as verify_module
 from specdraft.config import SamplingParams
-from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
+from specdraft.generation import SpeculativeDecoder
 from specdraft.generation.budget import calibrated, kept_drafts, updated_calibration
-from specdraft.tree_shape import TreeShape
 
 from fixtures.compiled_generate import assert_compiled_runs_equal
 from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
@@ -210,13 +209,11 @@ def test_bad_budget(build, chain_target, budget, config, match):
         SpeculativeDecoder(target, proposer_for(build, "eagle", target, **config), budget=budget)
 
 
-def test_budget_needs_drafts_and_a_chain(build, chain_target):
+def test_budget_needs_drafts(build, chain_target):
+    """(Draft trees take a budget too: tests/generation/test_tree_budget.py.)"""
     target, _ = chain_target
     with pytest.raises(ValueError, match="budget: plain decoding"):
         SpeculativeDecoder(target, None, max_model_len=MAX_MODEL_LEN, budget=4)
-    proposer = proposer_for(build, "eagle", target, **SURVIVAL)
-    with pytest.raises(ValueError, match="budget: a draft tree"):
-        TreeSpeculativeDecoder(target, proposer, TreeShape(2, 2, 4), budget=4)
 
 
 # ------------------------------------------------------------------ calibration

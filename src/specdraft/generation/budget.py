@@ -119,35 +119,60 @@ def kept_drafts(survival: torch.Tensor, done: torch.Tensor, budget: torch.Tensor
     return budget_keep(gains, depths.contiguous(), budget).counts
 
 
+class PackedRows(NamedTuple):
+    """Windows of window_lens [B] rows, packed one request after the other into a
+    pass of num_rows rows: for each row, its request (clamped into [0, B)), its offset
+    in the request's window (clamped into [0, width)) and whether it is a real row
+    (rows past the last window are padding); starts / ends [B] int64, each window's
+    first row and the row after its last."""
+
+    request: torch.Tensor
+    offset: torch.Tensor
+    real: torch.Tensor
+    starts: torch.Tensor
+    ends: torch.Tensor
+
+
+def packed_rows(window_lens: torch.Tensor, num_rows: int, width: int) -> PackedRows:
+    """The packing of windows of window_lens [B] (<= width) rows into num_rows rows."""
+    num_reqs = window_lens.shape[0]
+    ends = window_lens.long().cumsum(0)
+    starts = ends - window_lens.long()
+    row = torch.arange(num_rows, device=window_lens.device)
+    owner = window_of(row, ends)  # B for padding rows
+    request = owner.clamp(max=num_reqs - 1)
+    offset = (row - starts.index_select(0, request)).clamp(0, width - 1)
+    return PackedRows(request, offset, owner < num_reqs, starts, ends)
+
+
+def window_rows(rows: PackedRows, width: int, num_rows: int) -> torch.Tensor:
+    """[B, width] int64: the packed row of (request, window offset), clamped into
+    [0, num_rows) past a request's window (those rows are never read)."""
+    offsets = torch.arange(width, device=rows.starts.device)
+    return (rows.starts[:, None] + offsets[None, :]).clamp(max=num_rows - 1)
+
+
 def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_table, block_size: int,
                    max_seq_len: int) -> PackedWindows:  # fmt: skip
     """Request r's window [last token, drafts 0 .. num_drafts[r] - 1] at positions
     lens[r] .. lens[r] + num_drafts[r], packed one request after the other into
     num_rows rows (>= B + num_drafts.sum(); a Python int, the pass's static size)."""
-    num_reqs, width = drafts.shape[0], drafts.shape[1] + 1
-    device = lens.device
+    width = drafts.shape[1] + 1
     window_lens = num_drafts.long() + 1
-    ends = window_lens.cumsum(0)
-    starts = ends - window_lens
-    row = torch.arange(num_rows, device=device)
-    owner = window_of(row, ends)  # B for padding rows
-    real = owner < num_reqs
-    request = owner.clamp(max=num_reqs - 1)
-    offset = (row - starts.index_select(0, request)).clamp(0, width - 1)
+    rows = packed_rows(window_lens, num_rows, width)
     grid = torch.cat([last_tokens[:, None], drafts], dim=1)  # [B, K + 1]
-    token_ids = torch.where(real, grid[request, offset], 0).to(torch.int32)
-    positions = torch.where(real, lens.index_select(0, request) + offset, 0)
-    slots = slots_of(positions, request, block_table, block_size)
+    token_ids = torch.where(rows.real, grid[rows.request, rows.offset], 0).to(torch.int32)
+    positions = torch.where(rows.real, lens.index_select(0, rows.request) + rows.offset, 0)
+    slots = slots_of(positions, rows.request, block_table, block_size)
     metadata = BatchMetadata(
-        query_start_loc=torch.cat([ends.new_zeros(1), ends]).to(torch.int32),
+        query_start_loc=torch.cat([rows.ends.new_zeros(1), rows.ends]).to(torch.int32),
         seq_lens=(lens + window_lens).to(torch.int32),
         block_table=block_table,
-        slot_mapping=torch.where(real, slots, PADDING_SLOT_ID),
+        slot_mapping=torch.where(rows.real, slots, PADDING_SLOT_ID),
         max_query_len=width,
         max_seq_len=max_seq_len,
     )
-    rows = (starts[:, None] + torch.arange(width, device=device)[None, :]).clamp(max=num_rows - 1)
-    return PackedWindows(token_ids, positions, metadata, rows, num_drafts.to(torch.int32))
+    return PackedWindows(token_ids, positions, metadata, window_rows(rows, width, num_rows), num_drafts.to(torch.int32))
 
 
 def check_calibration(calibration, budget):

@@ -49,6 +49,7 @@ from specdraft.proposers.tree_build import TreeShape, check_tree_shape
 from . import checks
 from .decoder import SpeculativeDecoder, Verified
 from .state import DecodeState, Requests, commit
+from .tree_budget import check_tree_budget, has_kept_child, kept_nodes, pack_tree
 from .verify import slots_of, target_cut, tree_batch, window_batch
 
 
@@ -58,7 +59,8 @@ class TreeDecodeState(DecodeState):
     nodes 1 .. N - 1 (node 0, the root, is last_tokens); tree_parents / tree_depths
     [B, N] int64 (tree_build.DraftTree's); accepted [depth] counts passes per accepted
     depth; sibling_ranks [topk] int64 counts accepted nodes by their rank among their
-    siblings (0: the draft's likeliest child)."""
+    siblings (0: the draft's likeliest child); survival [B, N] fp32 under a budget:
+    each node's path probability under the draft (tree_budget.py), None without."""
 
     tree_parents: torch.Tensor | None = None
     tree_depths: torch.Tensor | None = None
@@ -72,19 +74,19 @@ class TreeWalk(NamedTuple):
     accepted: torch.Tensor  # [B, N] bool: nodes on the accepted path (the root included)
 
 
-def greedy_walk(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+def greedy_walk(target: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                 ancestors: torch.Tensor, depth: int) -> TreeWalk:  # fmt: skip
-    """Greedy tree verification. logits [B, N, V] the target's at every node; a node
-    is accepted when it and every ancestor equal the target's argmax at their parent
-    (ties: the lowest id). Siblings are distinct tokens, so the accepted nodes form
-    one path from the root."""
-    target = logits.argmax(dim=-1)  # [B, N]
-    match = (parents < 0) | (tokens.long() == target.gather(1, parents.clamp(min=0)))
+    """Greedy tree verification. target [B, N] the target's argmax at every node (of
+    its logits; ties: the lowest id); a node is accepted when it and every ancestor
+    equal the target's argmax at their parent. Siblings are distinct tokens, so the
+    accepted nodes form one path from the root. Node 0 is the root; a padding node
+    (token -1, a budgeted subtree's) never matches."""
+    nodes = torch.arange(tokens.shape[1], device=target.device)
+    match = (nodes == 0) | (tokens.long() == target.gather(1, parents.clamp(min=0)))
     accepted = ~(ancestors & ~match[:, None, :]).any(dim=-1)
     counts = torch.where(accepted, depths, 0).amax(dim=1)
-    levels = torch.arange(depth + 1, device=logits.device)
+    levels = torch.arange(depth + 1, device=target.device)
     at_level = accepted[:, :, None] & (depths[:, :, None] == levels)  # [B, N, depth + 1]
-    nodes = torch.arange(tokens.shape[1], device=logits.device)
     path = (at_level.long() * nodes[None, :, None]).sum(dim=1)
     bonus = target.gather(1, path.gather(1, counts[:, None]))[:, 0]
     drafted = tokens.long().gather(1, path[:, 1:])  # [B, depth]: the path's tokens below the root
@@ -146,10 +148,10 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
     tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
 
-    def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, **kwargs) -> None:
+    def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, *, budget: int | None = None,
+                 **kwargs) -> None:  # fmt: skip
         check_tree_shape("tree", tree)
-        if kwargs.get("budget") is not None:
-            raise ValueError("budget: a draft tree verifies all its nodes for now; budget a chain or block drafter")
+        budget = check_tree_budget(budget, kwargs.get("calibration"))
         if not (isinstance(proposer, Proposer) and proposer.drafts_trees):
             got = type(proposer).__name__
             if isinstance(proposer, Proposer):
@@ -158,6 +160,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
                              f"AutoregressiveSpeculator; got {got}")  # fmt: skip
         self.tree = tree
         super().__init__(target, proposer, **kwargs)
+        self.budget = self.budget_policy = budget  # nodes below the roots verified per iteration (tree_budget.py)
         self.k = tree.depth  # the statistics' positions: one per tree depth
         self.path_depth = min(tree.depth, tree.num_verify_tokens - 1)  # accepted drafts per pass, at most
         # The verify pass writes N - 1 positions past a request's length, the draft's
@@ -173,22 +176,25 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         return self.with_tree(state, out.tree, torch.zeros(self.tree.topk, dtype=torch.int64,
                                                            device=state.lens.device))  # fmt: skip
 
-    @staticmethod
-    def with_tree(state: DecodeState, tree, sibling_ranks) -> TreeDecodeState:
+    def with_tree(self, state: DecodeState, tree, sibling_ranks) -> TreeDecodeState:
         """The state carrying `tree` as its drafts (a TreeDecodeState made from the
-        prefill's DecodeState eagerly; inside the compiled iteration, a replace)."""
+        prefill's DecodeState eagerly; inside the compiled iteration, a replace), and
+        under a budget its nodes' path probabilities as their survival estimates."""
         drafts = tree.tokens[:, 1:].to(torch.int32).contiguous()
+        survival = None if self.budget is None else tree.scores.float().exp()
+        tree_fields = {"drafts": drafts, "survival": survival, "tree_parents": tree.parents,
+                       "tree_depths": tree.depths, "sibling_ranks": sibling_ranks}  # fmt: skip
         if isinstance(state, TreeDecodeState):
-            return dataclasses.replace(state, drafts=drafts, tree_parents=tree.parents, tree_depths=tree.depths,
-                                       sibling_ranks=sibling_ranks)  # fmt: skip
+            return dataclasses.replace(state, **tree_fields)
         fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(DecodeState)}
-        return TreeDecodeState(**(fields | {"drafts": drafts}), tree_parents=tree.parents, tree_depths=tree.depths,
-                               sibling_ranks=sibling_ranks)  # fmt: skip
+        return TreeDecodeState(**(fields | tree_fields))
 
     def draft(self, state: TreeDecodeState, verified: Verified, requests: Requests) -> TreeDecodeState:
         """propose_tree over each request's accepted path: rows 0 .. counts are the
         root and the accepted nodes, the rest of the path_depth + 1 rows padding
         (num_rejected_tokens); the bonus token is the next token."""
+        if self.budget == 0:  # nothing is ever verified: plain decoding, no draft pass
+            return state
         width = self.path_depth + 1
         _, metadata = window_batch(verified.lens, width, requests.block_table, self.block_size, self.reach)
         rows = torch.arange(verified.lens.shape[0], device=verified.lens.device) * width
@@ -203,35 +209,75 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     # ------------------------------------------------------------------ verifying
 
     def verify(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, Verified]:
-        """The target over every request's tree, the greedy walk, the KV move and the commit."""
-        n, depth = self.tree.num_verify_tokens, self.tree.depth
+        """The target over every request's tree, the walk, the KV move and the commit
+        (under a budget, `verify_budgeted`)."""
+        if self.budget is not None:
+            return self.verify_budgeted(state, requests)
+        n = self.tree.num_verify_tokens
         num_reqs, device = state.lens.shape[0], state.lens.device
         tokens = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)  # [B, N]
         positions, metadata = tree_batch(state.lens, state.tree_parents, state.tree_depths, requests.block_table,
                                          self.block_size, self.reach, self.max_model_len)  # fmt: skip
-        ancestors = metadata.ancestors
         hidden, draft_hidden = self.run_target(tokens.reshape(-1).to(torch.int32), positions.reshape(-1), metadata)
         logits = self.target.compute_logits(hidden).view(num_reqs, n, -1)
         if requests.all_greedy:  # as chains do: no noise or softmax in an all-greedy graph
-            walk = greedy_walk(logits, tokens, state.tree_parents, state.tree_depths, ancestors, depth)
+            walk = greedy_walk(logits.argmax(dim=-1), tokens, state.tree_parents, state.tree_depths,
+                               metadata.ancestors, self.tree.depth)  # fmt: skip
         else:
-            walk = sampled_walk(logits, tokens, state.tree_parents, requests, state.lens + 1, depth)
+            walk = sampled_walk(logits, tokens, state.tree_parents, requests, state.lens + 1, self.tree.depth)
+        rows = torch.arange(num_reqs * n, device=device).view(num_reqs, n)
+        committed = commit(state, walk.tokens, walk.counts.to(torch.int32), requests)
+        return self.after_walk(state, committed, requests, walk, tokens, rows, draft_hidden, walk.accepted)
+
+    def verify_budgeted(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, Verified]:
+        """The target over each request's kept subtree, packed into B + min(budget,
+        B * (N - 1)) rows (generation/tree_budget.py), the walk over the subtrees, the
+        KV move and the commit."""
+        n = self.tree.num_verify_tokens
+        num_reqs = state.lens.shape[0]
+        tokens = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)  # [B, N]
+        kept = kept_nodes(state.survival, state.tree_parents, state.tree_depths, state.done, requests.budget,
+                          self.tree.depth)  # fmt: skip
+        num_rows = num_reqs + min(self.budget, num_reqs * (n - 1))
+        packed = pack_tree(tokens, state.tree_parents, state.tree_depths, kept, state.lens, num_rows,
+                           requests.block_table, self.block_size, self.reach, self.max_model_len)  # fmt: skip
+        hidden, draft_hidden = self.run_target(packed.token_ids, packed.positions, packed.metadata)
+        logits = self.target.compute_logits(hidden)  # [T, V]
+        if requests.all_greedy:  # the argmax of the packed rows, then per subtree node
+            target = logits.argmax(dim=-1).index_select(0, packed.rows.reshape(-1)).view(num_reqs, n)
+            walk = greedy_walk(target, packed.tokens, packed.parents, packed.depths, packed.metadata.ancestors,
+                               self.tree.depth)  # fmt: skip
+        else:
+            per_node = logits.index_select(0, packed.rows.reshape(-1)).view(num_reqs, n, -1)
+            walk = sampled_walk(per_node, packed.tokens, packed.parents, requests, state.lens + 1, self.tree.depth)
+        committed = commit(state, walk.tokens, walk.counts.to(torch.int32), requests, packed.num_drafts)
+        # A depth was tested where the accepted path reached it and its node there had a kept child.
+        levels = torch.arange(self.tree.depth, device=state.lens.device)
+        tested = (~state.done)[:, None] & (walk.counts[:, None] >= levels)
+        tested = tested & has_kept_child(packed.parents).gather(1, walk.path[:, : self.tree.depth])
+        committed = dataclasses.replace(committed, tested=state.tested + tested.long().sum(dim=0))
+        accepted = packed.kept & walk.accepted.gather(1, packed.local)  # on the draft tree's nodes
+        return self.after_walk(state, committed, requests, walk, packed.tokens, packed.rows, draft_hidden, accepted)
+
+    def after_walk(self, state: TreeDecodeState, committed: TreeDecodeState, requests: Requests, walk: TreeWalk,
+                   tokens, rows, draft_hidden, accepted) -> tuple[TreeDecodeState, Verified]:  # fmt: skip
+        """The accepted path's KV moved, the sibling-rank statistics (accepted [B, N]:
+        the draft tree's nodes on the path) and what the draft pass reads: tokens [B,
+        N] the nodes the walk ran over, rows [B, N] their rows of draft_hidden."""
+        device = state.lens.device
         move_path_kv(self.target_kv_caches, walk.path, walk.counts, state.lens, requests.block_table, self.block_size)
-        active = ~state.done
         ranks = sibling_rank(state.tree_parents)
-        counted = walk.accepted & (state.tree_parents >= 0) & active[:, None]
+        counted = accepted & (state.tree_parents >= 0) & (~state.done)[:, None]
         rank_counts = torch.zeros_like(state.sibling_ranks).index_add_(
             0, ranks.reshape(-1).clamp(max=self.tree.topk - 1), counted.reshape(-1).long()
         )
-        committed = commit(state, walk.tokens, walk.counts.to(torch.int32), requests)
         committed = dataclasses.replace(committed, sibling_ranks=state.sibling_ranks + rank_counts)
         width = self.path_depth + 1
         path = walk.path[:, :width]  # the columns past path_depth are always the root (0): no path goes deeper
-        hidden_rows = (torch.arange(num_reqs, device=device)[:, None] * n + path).reshape(-1)
         verified = Verified(
             token_ids=tokens.gather(1, path).reshape(-1).to(torch.int32),
             positions=(state.lens[:, None] + torch.arange(width, device=device)).reshape(-1),
-            hidden_states=draft_hidden.index_select(0, hidden_rows),
+            hidden_states=draft_hidden.index_select(0, rows.gather(1, path).reshape(-1)),
             sampled=walk.tokens[:, :width],  # the bonus token sits at counts <= path_depth
             counts=walk.counts,
             lens=state.lens,

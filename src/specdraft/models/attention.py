@@ -213,3 +213,31 @@ def paged_tree_attention(
     node = offset.clamp(0, num_nodes - 1)[:, None, :].expand(-1, num_nodes, -1)
     visible = (offset < 0)[:, None, :] | (in_tree[:, None, :] & ancestors.gather(2, node))
     return _attend_cache(query, kv_cache, slots, visible, scale).to(query.dtype)
+
+
+def packed_tree_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seq_len: int,
+    ancestors: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """paged_tree_attention over trees packed by query_start_loc (a budgeted verify):
+    query [T, heads, D], request b's n_b <= N nodes at rows query_start_loc[b] ..
+    query_start_loc[b + 1] - 1, node i at sequence index prefix_lens[b] + i, seeing
+    the request's first prefix_lens keys and the nodes j < n_b with ancestors[b, i,
+    j] (ancestors [B, N, N]). The queries are laid out padded [B, N] as
+    paged_attention lays out a chain's; rows past the last request get zeros.
+    Returns [T, heads, D] in query.dtype."""
+    num_tokens, heads, dim = query.shape
+    num_reqs, num_nodes = ancestors.shape[:2]
+    token, real, _ = _padded_queries(query, query_start_loc, num_nodes)
+    q = query.index_select(0, token.reshape(-1)).view(num_reqs, num_nodes, heads, dim)
+    # Nodes past a request's n_b see no tree key: their slots are not written this
+    # pass (they may hold NaN, and a key any query sees reaches every query's sum).
+    ancestors = ancestors & real[:, :, None] & real[:, None, :]
+    out = paged_tree_attention(q, kv_cache, prefix_lens, block_table, max_seq_len, ancestors, scale)
+    return _scatter_back(out, query_start_loc, num_tokens, num_nodes).to(query.dtype)

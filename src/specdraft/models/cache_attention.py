@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.layout import BatchMetadata, TreeBatchMetadata
-from specdraft.models.attention import paged_attention, paged_tree_attention
+from specdraft.models.attention import packed_tree_attention, paged_attention, paged_tree_attention
 from specdraft.models.kv_cache import SlotWrites, plan_slot_writes, write_kv_cache
 from specdraft.models.layers import Attend
 from specdraft.models.regions import compile_region
@@ -51,6 +51,11 @@ def tree_attention_region(q, kv_cache, prefix_lens, block_table, max_seq_len, an
     return out.reshape(batch * num_nodes, *out.shape[2:])
 
 
+@compile_region
+def packed_tree_attention_region(q, kv_cache, query_start_loc, prefix_lens, block_table, max_seq_len, ancestors):
+    return packed_tree_attention(q, kv_cache, query_start_loc, prefix_lens, block_table, max_seq_len, ancestors)
+
+
 def paged(kv_cache: torch.Tensor, metadata: BatchMetadata, writes: SlotWrites | None = None) -> Attend:
     """Attention over kv_cache for the windows `metadata` lays out: writes k / v at
     its slot_mapping, then paged attention over the cache."""
@@ -66,11 +71,15 @@ def paged(kv_cache: torch.Tensor, metadata: BatchMetadata, writes: SlotWrites | 
 
 def paged_tree(kv_cache: torch.Tensor, metadata: TreeBatchMetadata, writes: SlotWrites | None = None) -> Attend:
     """Attention of the target's verify over draft trees: q [B * N, heads, D], N
-    nodes per request; writes k / v at slot_mapping, then tree attention."""
+    nodes per request (or, packed, each request's kept nodes: metadata.packed);
+    writes k / v at slot_mapping, then tree attention."""
 
     def attend(q, k, v):
         m = metadata
         write_kv_cache(kv_cache, k, v, m.slot_mapping, writes)
+        if m.packed:  # a budgeted pass: each request's kept nodes, packed
+            return packed_tree_attention_region(q, kv_cache, m.query_start_loc, m.prefix_lens, m.block_table,
+                                                m.max_seq_len, m.ancestors)  # fmt: skip
         return tree_attention_region(q, kv_cache, m.prefix_lens, m.block_table, m.max_seq_len, m.ancestors)
 
     return attend

@@ -37,7 +37,7 @@ def invalid_tree_cases(draw, op: str | None = None, rule: str | None = None) -> 
     elif rule == "parents: root not -1":
         parents[b][0] = draw(st.sampled_from([0, 1, -2, FAR]))
     elif rule == "parents: not an earlier node":
-        parents[b][j] = draw(st.sampled_from([j, j + draw(st.integers(1, FAR)), -1, -draw(st.integers(2, FAR))]))
+        parents[b][j] = draw(st.sampled_from([j, j + draw(st.integers(1, FAR)), -draw(st.integers(2, FAR))]))
     elif rule == "tree_tokens: outside the vocabulary":
         tokens[b][j] = draw(st.sampled_from([vocab + draw(st.integers(0, FAR)), -draw(st.integers(1, FAR))]))
     else:  # a tree of depth >= 1 verified with max_depth one less than its depth

@@ -217,7 +217,8 @@ def test_bad_option_names_the_argument(options, argument):
     [
         ({"parents": torch.tensor([[0, 0, 0], [-1, 0, 1]])}, {}, r"parents\[0, 0\] = 0 must be -1"),
         ({"parents": torch.tensor([[-1, 0, 2], [-1, 0, 1]])}, {}, r"parents\[0, 2\] = 2 is not an earlier node"),
-        ({"parents": torch.tensor([[-1, 0, 0], [-1, -1, 1]])}, {}, r"parents\[1, 1\] = -1 is not an earlier node"),
+        ({"parents": torch.tensor([[-1, 0, 0], [-1, -2, 1]])}, {}, r"parents\[1, 1\] = -2 is not an earlier node"),
+        ({"parents": torch.tensor([[-1, 0, 0], [-1, -1, 0]])}, {}, r"parents\[1, 2\] = 0 follows a padding node"),
         ({"tree_tokens": torch.tensor([[0, 3, 10], [0, 0, 0]])}, {}, r"tree_tokens\[0, 2\] = 10 is outside"),
         ({"temperature": torch.tensor([1.0, -1.0])}, {}, r"temperature\[1\] = -1.0"),
         ({}, {"max_depth": 1}, "max_depth = 1 is below the depth 2 of node 2 of request 1"),

@@ -278,19 +278,26 @@ def check_tree_verify_values(
     tree_tokens: torch.Tensor, parents: torch.Tensor, temperature: torch.Tensor, vocab: int, max_depth: int
 ) -> None:
     """tree_verify's value contracts (checked mode; syncs): temperature finite and
-    >= 0; parents[b, 0] == -1 and 0 <= parents[b, j] < j; draft tokens (j >= 1) in
-    [0, vocab); no node deeper than max_depth."""
+    >= 0; parents[b, 0] == -1 and, for j >= 1, 0 <= parents[b, j] < j or -1 (a padding
+    node, never reached: a budgeted pass's tree ends in them, none after the first);
+    the tokens of the other nodes (j >= 1) in [0, vocab); no node deeper than
+    max_depth."""
     check_draft_sample_values(temperature)
     num_nodes = parents.shape[1]
     node = torch.arange(num_nodes, device=parents.device)
+    padding = (node > 0) & (parents == -1)
     first_bad("parents", (node == 0) & (parents != -1), parents, "must be -1: node 0 is the root")
-    first_bad("parents", (node > 0) & ((parents < 0) | (parents >= node)), parents,
-              "is not an earlier node: a parent comes before its children (0 <= parents[b, j] < j)")  # fmt: skip
-    first_bad("tree_tokens", (node > 0) & ((tree_tokens < 0) | (tree_tokens >= vocab)), tree_tokens,
+    first_bad("parents", (node > 0) & ~padding & ((parents < 0) | (parents >= node)), parents,
+              "is not an earlier node nor -1 (padding): a parent comes before its children "
+              "(0 <= parents[b, j] < j)")  # fmt: skip
+    after_padding = (padding.long().cumsum(1) > 0) & ~padding
+    first_bad("parents", after_padding, parents, "follows a padding node (-1 past the root): padding ends the tree")
+    first_bad("tree_tokens", (node > 0) & ~padding & ((tree_tokens < 0) | (tree_tokens >= vocab)), tree_tokens,
               f"is outside [0, vocab={vocab})")  # fmt: skip
     depth = torch.zeros_like(parents)
     for j in range(1, num_nodes):
-        depth[:, j] = depth.gather(1, parents[:, j : j + 1]).squeeze(1) + 1
+        depth[:, j] = depth.gather(1, parents[:, j : j + 1].clamp(min=0)).squeeze(1) + 1
+    depth = torch.where(padding, 0, depth)
     if bool((depth > max_depth).any()):
         b, j = (int(i) for i in torch.nonzero(depth > max_depth)[0])
         raise ValueError(f"max_depth = {max_depth} is below the depth {int(depth[b, j])} of node {j} of request {b}")
@@ -321,7 +328,8 @@ def tree_verify(
             is not read), the draft tokens after it (specdraft.proposers.tree_build's
             DraftTree.tokens).
         parents: [B, N] int32/int64, contiguous: parent node of each node, -1 for the
-            root, parents before children (DraftTree.parents).
+            root, parents before children (DraftTree.parents); -1 past the root marks
+            a padding node, never reached (a budgeted pass's subtree ends in them).
         target_logits: [B, N, V] fp32 / bf16 / fp16, rows contiguous (any strides
             between them): row j, the target's logits for the token after node j.
         temperature: [B] fp32, contiguous (<= 0 = greedy).
