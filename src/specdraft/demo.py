@@ -266,8 +266,10 @@ def run_demo(args: argparse.Namespace) -> int:
         + ("" if args.budget is None else f", budget {args.budget}")
         + ("" if args.calibration is None else f", calibration {args.calibration}")
         if args.tree is None
-        else (f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens"
-              + ("" if args.budget is None else f", budget {args.budget} nodes"))
+        else (
+            f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens"
+            + ("" if args.budget is None else f", budget {args.budget} nodes")
+        )
     )
     print(f"target 4 x 256 Llama (vocab 256 bytes), {describe_drafter(spec.proposer.model, name)}, {drafts}; "
           f"{where}; torch {torch.__version__}")  # fmt: skip
