@@ -9,6 +9,9 @@
 #                                          # named (default: every visible GPU)
 #   bash scripts/gpu_budget.sh ops         # benchmarks/bench_budget_keep.py and bench_truncation.py, and the
 #                                          # truncation op's tests, on GPU 0
+#   bash scripts/gpu_budget.sh trees [GPU ...]   # budgets over draft trees: their tests on CUDA on the first GPU
+#                                          # named while bench_budget.py's tree rows (and plain, fixed K = 3) at
+#                                          # B = $BENCH_SIZES (default 1 16 64 256) run on the others
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -52,8 +55,38 @@ ops() {
         echo "$b: exit $?"; grep "^|" "$OUT/$b.log" | tail -24
     done
 }
+trees() {
+    local gpus=("$@")
+    [ ${#gpus[@]} -eq 0 ] && mapfile -t gpus < <(seq 0 $(($(nvidia-smi -L | wc -l) - 1)))
+    local first=${gpus[0]} rest=("${gpus[@]:1}")
+    [ ${#rest[@]} -eq 0 ] && rest=("$first")
+    (
+        local sizes=(${BENCH_SIZES:-256 64 16 1}) i j n=${#rest[@]} pids=()
+        for ((i = 0; i < n; i++)); do
+            local mine=()
+            for ((j = i; j < ${#sizes[@]}; j += n)); do mine+=("${sizes[j]}"); done
+            [ ${#mine[@]} -eq 0 ] && continue
+            CUDA_VISIBLE_DEVICES=${rest[i]} BENCH_RESULTS=$OUT/results_${rest[i]} timeout 540 python3 \
+                benchmarks/bench_budget.py --batch-sizes "${mine[@]}" --only fixed:3 tree:4 tree-budget:4:1 \
+                tree-budget:4:3 > "$OUT/bench_tree_budget_${rest[i]}.log" 2>&1 &
+            pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p"; echo "bench_budget (trees) process $p: exit $?"; done
+    ) > "$OUT/bench_trees.txt" 2>&1 &
+    local bench_pid=$!
+    CUDA_VISIBLE_DEVICES=$first SPECDRAFT_DEVICE=cuda timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        -m "not interpreter" -rf tests/generation/test_tree_budget.py tests/generation/test_tree_cuda_graph.py \
+        tests/generation/test_tree_greedy.py tests/generation/test_tree_sampling.py tests/ops/sampling/test_tree_verify.py \
+        tests/models/test_attention.py > "$OUT/tests_tree_budget.log" 2>&1
+    echo "tree budget tests: exit $?"; tail -15 "$OUT/tests_tree_budget.log"
+    wait $bench_pid; cat "$OUT/bench_trees.txt"
+    mkdir -p "$OUT/results"
+    cat "$OUT"/results_*/budget.jsonl >> "$OUT/results/budget.jsonl" 2>/dev/null
+    for f in "$OUT"/bench_tree_budget_*.log; do echo "== $f"; grep "^|" "$f"; done
+}
 case "$stage" in
 tests) tests ;;
+trees) trees "$@" ;;
 bench) bench "$@" ;;
 ops) ops ;;
 all)  # GPU 0: tests, ops, then its share of the batch sizes; GPUs 1..: theirs meanwhile
