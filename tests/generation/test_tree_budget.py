@@ -176,8 +176,10 @@ def pair(device):
 
 
 @pytest.fixture(scope="module")
-def expected(pair):
-    target, _ = pair
+def expected():
+    """The dense oracle's greedy decoding (on the CPU, where it runs), and the same
+    cut after the first EOS."""
+    target, _ = load_demo_pair()
     plain = [greedy_decode(target, p, n, max_model_len=MAX_MODEL_LEN) for p, n in zip(PROMPTS, MAX_NEW, strict=True)]
     return {None: plain, EOS: [t[: t.index(EOS) + 1] if EOS in t else t for t in plain]}
 
