@@ -1,7 +1,7 @@
 """Budgeted verification against plain decoding and fixed K, by batch size, on the
 demo pair (greedy): decode tokens/s of plain decoding, fixed K = 1 and K = 3 chains,
 budgeted iterations (K = 3 drafts, a budget of B, 2B or 3B drafts per
-iteration), a (4, 4, 16) draft tree and that tree under a budget of B or 3B nodes
+iteration; the budgets B and 2B with calibrated estimates, "budget-cal"), a (4, 4, 16) draft tree and that tree under a budget of B or 3B nodes
 (generation/tree_budget.py), each iteration compiled per configuration (CUDA:
 mode="reduce-overhead");
 then the budget `step_costs.choose_budget` picks from those measured iteration times
@@ -36,6 +36,8 @@ from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditiona
 from specdraft.proposers import TreeShape
 
 K = 3
+CALIBRATION = 0.2  # budget-cal rows: the budget's estimates calibrated (the EMA's newest pass weighing this)
+CALIBRATED_FRACTIONS = (1, 2)
 TREE = TreeShape(4, 4, 16)
 TREE_BUDGET_FRACTIONS = (1, 3)  # nodes per iteration: B, 3B (of 15 B)
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -63,6 +65,7 @@ def configurations(batch: int, only=None):
     named MODE[:K[:BUDGET_FRACTION]], plain always)."""
     rows = [("plain", 0, None), ("fixed", 1, None), ("fixed", K, None)]
     rows += [("budget", K, max(1, round(fraction * batch))) for fraction in BUDGET_FRACTIONS]
+    rows += [("budget-cal", K, max(1, round(fraction * batch))) for fraction in CALIBRATED_FRACTIONS]
     rows += [("tree", TREE.depth, None)]
     rows += [("tree-budget", TREE.depth, max(1, round(fraction * batch))) for fraction in TREE_BUDGET_FRACTIONS]
     if only is None:
@@ -100,7 +103,9 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profi
     for mode, k, budget in configurations(batch, only):
         torch._dynamo.reset()  # every decoder compiles the same iteration code (recompile limit 8)
         tree = TREE if mode.startswith("tree") else None
-        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget, tree=tree)
+        calibration = CALIBRATION if mode == "budget-cal" else None
+        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget, tree=tree,
+                                     calibration=calibration)  # fmt: skip
         decoder = plain if mode == "plain" else spec
         tokens, stats, rate, ms, spread = run(decoder, prompts, max_new, repeats)
         want = tokens if mode == "plain" else want
