@@ -6,6 +6,10 @@
 #   bash scripts/gpu_compile.sh compile    # benchmarks/bench_compile.py at the 8B shape, 32 target
 #                                          # layers: plain and speculative iteration, cold and warm
 #   bash scripts/gpu_compile.sh roofline   # bench_roofline.py's runtimes (kernel form, N = 1 and 16)
+#   bash scripts/gpu_compile.sh bytecode   # the compile stage with Python bytecode caches, as a pip-installed
+#                                          # torch has them (the device machine's torch has none and sets
+#                                          # PYTHONDONTWRITEBYTECODE=1): torch, triton and specdraft compiled to
+#                                          # bytecode first (compileall, under PYTHONPYCACHEPREFIX), then timed
 # OLD_SRC=<folder holding an older specdraft package> runs the compile / roofline stage on
 # that tree first (PYTHONPATH), then on this one: a before / after on one machine. Rows
 # record BENCH_COMMIT (this tree) and OLD_COMMIT (the older one).
@@ -39,5 +43,15 @@ case "$stage" in
     compile) each_tree bench_compile ${COMPILE_TIMEOUT:-270} python3 bench_compile.py --device cuda --shape 8b \
                  --layers 32 --what "plain iteration" "speculative iteration" ;;
     roofline) each_tree bench_roofline ${ROOFLINE_TIMEOUT:-150} python3 bench_roofline.py --tokens 1 16 --forms kernel ;;
-    *) echo "unknown stage $stage (tests | compile | roofline)"; exit 2 ;;
+    bytecode)
+        echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}" | tee -a "$OUT/gpu.txt"
+        unset PYTHONDONTWRITEBYTECODE
+        export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$OUT/pycache}
+        dirs=$(python3 -c "import os, torch, triton; print(os.path.dirname(torch.__file__), os.path.dirname(triton.__file__))")
+        start=$(date +%s)
+        timeout 240 python3 -m compileall -q -j 0 $dirs src > "$OUT/compileall.log" 2>&1
+        echo "compileall: exit $?, $(( $(date +%s) - start )) s, $(du -sh "$PYTHONPYCACHEPREFIX" | cut -f1)" | tee -a "$OUT/gpu.txt"
+        each_tree bench_compile_bytecode ${COMPILE_TIMEOUT:-300} python3 bench_compile.py --device cuda --shape 8b \
+            --layers 32 --what "speculative iteration" "plain iteration" ;;
+    *) echo "unknown stage $stage (tests | compile | roofline | bytecode)"; exit 2 ;;
 esac
