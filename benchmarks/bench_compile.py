@@ -269,6 +269,8 @@ def main(argv=None) -> None:
         config["artifacts"] = True
     if args.shape == "8b":
         config["target_layers"] = args.layers  # rows without it: 2
+    if os.environ.get("PYTHONPYCACHEPREFIX") and not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        config["bytecode"] = "cached"  # scripts/gpu_compile.sh bytecode; rows without it: as the machine has it
     append_table("compile", headers, rows, config_columns=1, config=config,
                  device=torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)")  # fmt: skip
 
