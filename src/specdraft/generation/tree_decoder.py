@@ -24,6 +24,10 @@ positions past a request's length, which is what the block table reserves
 (e.g. TreeShape(8, 2, 2)): near max_model_len its rows past the table would land
 on the request's last block, over its own draft KV.
 
+Under a budget (tree_budget.py) the verify pass takes each request's kept subtree
+only, renumbered and packed; the walk, the KV move and the draft pass are the same
+over it.
+
 Greedy verification is lossless: the emitted tokens are the target's argmax chain
 (every accepted node equals the target's argmax at its parent; the bonus token is
 the argmax at the deepest accepted node), so the output is target-only greedy
@@ -146,7 +150,14 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     pass writes N nodes from a request's length on, a draft pass at most as many
     (module docstring: Reach). An all-greedy batch verifies by the
     greedy walk; any other by ops.tree_verify, whose sampled rule is lossless for the
-    tree's deterministic (top-k) drafts. The drafts are the same at any temperature."""
+    tree's deterministic (top-k) drafts. The drafts are the same at any temperature.
+
+    budget: None (every node verified) or an int >= 0, the most tree nodes below the
+    roots verified per iteration over the whole batch: each iteration keeps the nodes
+    of best path probability, every request a subtree of its tree, and verifies them
+    in a pass of B + min(budget, B * (N - 1)) rows (generation/tree_budget.py); 0
+    decodes plainly (no draft pass). A StepCosts table and calibration are refused
+    (chains and block drafters only)."""
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, *, budget: int | None = None,
                  **kwargs) -> None:  # fmt: skip
