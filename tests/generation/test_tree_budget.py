@@ -16,7 +16,7 @@ unlimited, is today's tree iteration:
 - sampled: the first three tokens of 2,000 requests follow the exact joint (chi-square)
   with about half the nodes verified, and a verifier that accepts every draft fails;
 - the budgeted tree iteration compiles whole (fullgraph, one compile, none more for
-  a second run), equal to the eager run."""
+  a second run; aot_eager and Inductor), equal to the eager run."""
 
 import math
 
@@ -301,13 +301,19 @@ def test_accepting_every_draft_is_caught(build, sampled_setup, monkeypatch):
 # ------------------------------------------------------------------ compile, bad input
 
 
-def test_budgeted_tree_iteration_compiles(pair):
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_budgeted_tree_iteration_compiles(pair, backend):
     """fullgraph, one compile for the run and none for a second, equal to the eager
-    run; greedy and sampled rows in one batch."""
+    run; greedy and sampled rows in one batch. Inductor with the options `specdraft
+    demo` compiles this pair's CPU iteration with (C++ without SIMD): it lowers the
+    packing, the packed tree mask and the padded walk on its own."""
+    from specdraft.demo import compile_options
+
     run = {"max_new_tokens": MAX_NEW, "sampling": SAMPLING}
     want = tree_decoder(pair, SHAPES[1], budget=7).generate(PROMPTS, **run)
     torch._dynamo.reset()
-    compiled = tree_decoder(pair, SHAPES[1], budget=7, compile={"backend": "aot_eager"})
+    options = compile_options("cpu", True) if backend == "inductor" else {}
+    compiled = tree_decoder(pair, SHAPES[1], budget=7, compile={"backend": backend, **options})
     assert_compiled_runs_equal(want, compiled, PROMPTS, run)
 
 
