@@ -25,6 +25,7 @@ from specdraft.config import SamplingParams
 from specdraft.generation import SpeculativeDecoder
 from specdraft.generation.budget import calibrated, kept_drafts, updated_calibration
 
+from fixtures.budget import check_budget_held
 from fixtures.compiled_generate import assert_compiled_runs_equal
 from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
 from specs.generate import chi_square_pvalue, greedy_decode
@@ -55,16 +56,6 @@ def block_target(build):
 
 def proposer_for(build, kind, target, **config):
     return build.make_proposer(kind, target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1, **config)
-
-
-def check_budget_held(stats, budget):
-    """No iteration verified more drafts than the budget, and the totals add up."""
-    per_iteration = stats.iteration_verified.sum(dim=1)
-    assert int(per_iteration.max()) <= budget, per_iteration
-    assert torch.equal(stats.iteration_verified.sum(0), stats.verified_per_request)
-    assert torch.equal(stats.iteration_accepted.sum(0), stats.accepted_per_request)
-    assert int(stats.accepted_per_request.sum()) == int(stats.accepted_per_position.sum())
-    assert bool((stats.accepted_per_request <= stats.verified_per_request).all())
 
 
 @pytest.mark.parametrize("budget", [0, 1, 5])

@@ -33,13 +33,14 @@ from specdraft.generation import TreeSpeculativeDecoder, num_kv_blocks
 from specdraft.generation.step_costs import demo_pair_costs
 from specdraft.generation.tree_budget import kept_nodes
 from specdraft.models.attention import packed_tree_attention
+from specdraft.ops import tree_ancestors
 from specdraft.proposers import EagleProposer, TreeShape
 
-from fixtures.budget import f32
+from fixtures.budget import check_budget_held, f32
 from fixtures.compiled_generate import assert_compiled_runs_equal
-from fixtures.sampled_groups import GROUPS, NUM_TOKENS, PER_GROUP, VOCAB
+from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
 from specs.budget_keep import best_closed_sum, is_closed, kept_in_order
-from specs.generate import chi_square_pvalue, greedy_decode, sequence_distribution
+from specs.generate import chi_square_pvalue, greedy_decode
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 56
@@ -147,8 +148,6 @@ def test_packed_tree_attention_matches_a_plain_loop(layout):
     query = torch.randn(num_rows, heads, dim, generator=g, dtype=torch.float64)
     ends = torch.tensor(sizes).cumsum(0)
     qsl = torch.cat([torch.zeros(1, dtype=torch.int64), ends]).to(torch.int32)
-    from specdraft.ops import tree_ancestors
-
     anc = tree_ancestors(torch.tensor(parents))
     out = packed_tree_attention(query, cache, qsl, torch.tensor(lens), block_table, blocks_per_req * block_size, anc)
     scale = dim**-0.5
@@ -191,14 +190,6 @@ def tree_decoder(pair, shape: TreeShape, num_reqs: int = len(PROMPTS), **options
     blocks = num_kv_blocks(num_reqs, MAX_MODEL_LEN, shape.num_verify_tokens - 1, BLOCK_SIZE)
     proposer = EagleProposer(head, config, head.allocate_kv_caches(blocks, BLOCK_SIZE))
     return TreeSpeculativeDecoder(target, proposer, shape, **options)
-
-
-def check_budget_held(stats, budget):
-    """No iteration verified more nodes than the budget, and the totals add up."""
-    assert int(stats.iteration_verified.sum(dim=1).max()) <= budget
-    assert torch.equal(stats.iteration_verified.sum(0), stats.verified_per_request)
-    assert torch.equal(stats.iteration_accepted.sum(0), stats.accepted_per_request)
-    assert bool((stats.accepted_per_request <= stats.verified_per_request).all())
 
 
 @pytest.mark.parametrize("budget", [0, 1, 4, 9])
@@ -250,13 +241,7 @@ def test_a_tight_budget_verifies_the_likeliest_nodes(pair):
 
 @pytest.fixture(scope="module")
 def sampled_setup(build):
-    """fixtures.sampled_groups's law on a 1-layer target (the copied head needs one)."""
-    prompts = [prompt for prompt, _ in GROUPS for _ in range(PER_GROUP)]
-    temperature = torch.tensor([temp for _, temp in GROUPS for _ in range(PER_GROUP)], dtype=torch.float32)
-    sampling = SamplingParams(temperature, torch.arange(len(prompts), dtype=torch.int64) * 7919 + 13)
-    target = build.make_target(num_layers=1, vocab=VOCAB, seed=3, logit_scale=3.0, unit_embeddings=True)
-    joints = [sequence_distribution(target, prompt, temp, NUM_TOKENS) for prompt, temp in GROUPS]
-    return target, joints, prompts, sampling
+    return sampled_groups(build, num_layers=1, unit_embeddings=True)  # a copied head needs one layer
 
 
 def sampled_pvalues(build, setup, shape: TreeShape, budget):

@@ -15,23 +15,15 @@ from specdraft.config import SamplingParams
 from specdraft.generation import SpeculativeDecoder, TreeSpeculativeDecoder
 from specdraft.proposers import TreeShape
 
-from specs.generate import chi_square_pvalue, sequence_distribution
+from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
+from specs.generate import chi_square_pvalue
 
-VOCAB = 8
-PER_GROUP = 1000
-GROUPS = (([1, 2, 3, 4], 0.8), ([5, 6], 1.5))  # (prompt, temperature)
-NUM_TOKENS = 3
 MAX_MODEL_LEN = 16
 
 
 @pytest.fixture(scope="module")
 def setup(build):
-    target = build.make_target(num_layers=1, vocab=VOCAB, seed=3, logit_scale=3.0, unit_embeddings=True)
-    joints = [sequence_distribution(target, prompt, temp, NUM_TOKENS) for prompt, temp in GROUPS]
-    prompts = [prompt for prompt, _ in GROUPS for _ in range(PER_GROUP)]
-    temperature = torch.tensor([temp for _, temp in GROUPS for _ in range(PER_GROUP)], dtype=torch.float32)
-    seeds = torch.arange(len(prompts), dtype=torch.int64) * 7919 + 13
-    return target, joints, prompts, SamplingParams(temperature=temperature, seeds=seeds)
+    return sampled_groups(build, num_layers=1, unit_embeddings=True)
 
 
 def decoder(build, target, shape: TreeShape, num_reqs: int):

@@ -145,6 +145,14 @@ def packed_rows(window_lens: torch.Tensor, num_rows: int, width: int) -> PackedR
     return PackedRows(request, offset, owner < num_reqs, starts, ends)
 
 
+def packed_layout(rows: PackedRows, lens: torch.Tensor, block_table, block_size: int):
+    """(query_start_loc [B + 1] int32, slot_mapping [T] int64) of a packed pass: row i of
+    a request's window at sequence index lens + i, padding rows writing no KV."""
+    query_start_loc = torch.cat([rows.ends.new_zeros(1), rows.ends]).to(torch.int32)
+    slots = slots_of(lens.index_select(0, rows.request) + rows.offset, rows.request, block_table, block_size)
+    return query_start_loc, torch.where(rows.real, slots, PADDING_SLOT_ID)
+
+
 def window_rows(rows: PackedRows, width: int, num_rows: int) -> torch.Tensor:
     """[B, width] int64: the packed row of (request, window offset), clamped into
     [0, num_rows) past a request's window (those rows are never read)."""
@@ -163,12 +171,12 @@ def packed_windows(last_tokens, drafts, lens, num_drafts, num_rows: int, block_t
     grid = torch.cat([last_tokens[:, None], drafts], dim=1)  # [B, K + 1]
     token_ids = torch.where(rows.real, grid[rows.request, rows.offset], 0).to(torch.int32)
     positions = torch.where(rows.real, lens.index_select(0, rows.request) + rows.offset, 0)
-    slots = slots_of(positions, rows.request, block_table, block_size)
+    query_start_loc, slot_mapping = packed_layout(rows, lens, block_table, block_size)
     metadata = BatchMetadata(
-        query_start_loc=torch.cat([rows.ends.new_zeros(1), rows.ends]).to(torch.int32),
+        query_start_loc=query_start_loc,
         seq_lens=(lens + window_lens).to(torch.int32),
         block_table=block_table,
-        slot_mapping=torch.where(rows.real, slots, PADDING_SLOT_ID),
+        slot_mapping=slot_mapping,
         max_query_len=width,
         max_seq_len=max_seq_len,
     )

@@ -29,12 +29,11 @@ from typing import NamedTuple
 
 import torch
 
-from specdraft.layout import PADDING_SLOT_ID, TreeBatchMetadata
+from specdraft.layout import TreeBatchMetadata
 from specdraft.ops import budget_keep, tree_ancestors, tree_positions
 
-from .budget import packed_rows, survival_rates, window_rows
+from .budget import packed_layout, packed_rows, survival_rates, window_rows
 from .step_costs import StepCosts
-from .verify import slots_of
 
 
 class PackedTree(NamedTuple):
@@ -104,12 +103,12 @@ def pack_tree(tokens, parents, depths, kept, lens, num_rows: int, block_table, b
     token_ids = torch.where(rows.real, sub_tokens[rows.request, rows.offset], 0).to(torch.int32)
     positions = tree_positions(lens, sub_depths.contiguous(), max_model_len)  # [B, N]
     positions = torch.where(rows.real, positions[rows.request, rows.offset], 0)
-    slots = slots_of(lens.index_select(0, rows.request) + rows.offset, rows.request, block_table, block_size)
+    query_start_loc, slot_mapping = packed_layout(rows, lens, block_table, block_size)
     metadata = TreeBatchMetadata(
-        query_start_loc=torch.cat([rows.ends.new_zeros(1), rows.ends]).to(torch.int32),
+        query_start_loc=query_start_loc,
         seq_lens=(lens + num_nodes).to(torch.int32),
         block_table=block_table,
-        slot_mapping=torch.where(rows.real, slots, PADDING_SLOT_ID),
+        slot_mapping=slot_mapping,
         max_query_len=n,
         max_seq_len=max_seq_len,
         prefix_lens=lens,
