@@ -127,6 +127,46 @@ def test_truncation_flags_give_the_plain_loops_acceptance(data, tmp_path, capsys
     assert "expected at temperature 0.7, top-k 20, top-p 0.9 (Σ min(p,q))" in out
 
 
+def test_budget_flag_reports_the_plain_loops_budget_sums(data, tmp_path, capsys):
+    """--budget 1.5: the per-gain-bin sums are the plain loop's (each draft's gain the
+    product of its largest probabilities so far, over the eager unroll's logits), the
+    table's last row verifies all K drafts and accepts the exact acceptance length,
+    and --budget's row is marked; the JSON holds the table."""
+    folder, head, batches = data
+    record = tmp_path / "metrics.json"
+    flags = ["--eager", "--no-progress", "--budget", "1.5", "--json", str(record)]
+    assert main(["demo", str(folder), "--steps", str(K), *flags]) == 0
+    want = {name: [0.0] * spec.NUM_BINS for name in ("budget_drafts", "budget_accepted")}
+    margins = []
+    for batch, lengths in batches:
+        with torch.no_grad():
+            logits = unroll_for_eval(head, *batch.unroll_args(), num_steps=K).logits
+        sums = spec.draft_metric_sums([[row.tolist() for row in logits[k].double()] for k in range(K)],
+                                      [row.tolist() for row in batch.target_logits.double()],
+                                      [True] * batch.num_tokens, [0.0] * batch.num_tokens, list(lengths),
+                                      survival="draft", bin_margins=margins)  # fmt: skip
+        for name, values in want.items():
+            want[name] = [a + b for a, b in zip(values, sums[name], strict=True)]
+    assert min(margins) > 1e-4, min(margins)
+    got = json.loads(record.read_text())
+    for name, values in want.items():
+        assert got["sums"][name] == values, name
+    budget = {point["verified"]: point for point in got["budget"]}
+    assert sorted(budget) == [0.5, 1.0, 1.5, 2.0, 3.0]
+    assert budget[3.0]["accepted"] == pytest.approx(got["acceptance_length"], rel=1e-12)
+    assert budget[3.0]["fixed_accepted"] == pytest.approx(got["acceptance_length"], rel=1e-12)
+    out = capsys.readouterr().out
+    assert "budgeted verification (drafts ranked by the draft's confidence" in out
+    row = budget[1.5]
+    assert f"    1.50  {row['accepted']:>9.4f}  {row['fixed_accepted']:>9.4f}  <- --budget" in out
+
+
+def test_a_budget_above_k_is_refused(data, capsys):
+    folder, _, _ = data
+    assert main(["demo", str(folder), "--steps", "2", "--budget", "2.5", "--eager", "--no-progress"]) == 2
+    assert "--budget 2.5: at most K = 2 drafts per start can be verified" in error_line(capsys)
+
+
 def test_a_head_folder_without_embedding_needs_the_target(data, tmp_path, capsys):
     folder, _, _ = data
     head_folder = str(DEMO_PAIR / "eagle3")
@@ -198,6 +238,8 @@ def test_data_that_is_not_safetensors_exits_2(tmp_path, capsys):
         (["--top-k", "2.5"], "argument --top-k: invalid int value: '2.5'"),
         (["--method", "mtp"], '--method mtp: HEAD "demo" is the shipped EAGLE-3 head'),
         (["--method", "eagle"], '--method eagle: HEAD "demo"'),
+        (["--budget", "0"], "--budget must be > 0 drafts verified per start, got 0.0"),
+        (["--budget", "nan"], "--budget must be > 0"),
     ],
 )
 def test_refused_options(argv, message, capsys):

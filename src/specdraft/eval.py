@@ -13,7 +13,10 @@ MTP; or a block drafter, DFlash / DSpark, saved by
 specdraft.models.save_block_drafter: DeepSpec's layout) or "demo" (the shipped EAGLE-3
 head). A block drafter is scored on the block anchored after every start (its first
 --steps drafts, all block_size by default), and the report adds the acceptance
-length as DeepSpec's evaluator counts it (accepted drafts + 1 per block). A head saved without its embedding (or
+length as DeepSpec's evaluator counts it (accepted drafts + 1 per block). --budget B
+adds budgeted verification: the drafts accepted per start when B drafts per start
+are verified, those of largest expected gain first, against fixed K verifying as
+many (training.budget_curve). A head saved without its embedding (or
 lm_head) takes the target's: pass --target (a folder, or "demo" for the shipped
 target; for HEAD "demo" the shipped target is the default). The step is compiled
 (fullgraph, dynamic shapes: one graph for every shard), unless --eager. Exit status
@@ -68,6 +71,9 @@ def build_parser(prog: str = "python -m specdraft.eval") -> argparse.ArgumentPar
                         help='head kind (default: from the folder; HEAD "demo" is eagle3)')  # fmt: skip
     parser.add_argument("--target", help='target folder to share the embedding / lm_head from, or "demo"')
     parser.add_argument("--divergence", action="store_true", help="also report cross-entropy and KL per step")
+    parser.add_argument("--budget", type=float, help="also report budgeted verification: accepted drafts per start "
+                        "when BUDGET drafts per start (0 < BUDGET <= K, a mean) are verified, those of largest "
+                        "expected gain first, against fixed K verifying as many")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write a PNG of acceptance per step (needs matplotlib); its "
                         "folder is created if missing")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the metrics and timings as JSON; its folder is created "
@@ -96,6 +102,8 @@ def parse_args(argv=None, prog: str = "python -m specdraft.eval") -> argparse.Na
         parser.error(f"--top-p must be in (0, 1] (1: off), got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
         parser.error(f"--min-p must be in [0, 1] (0: off), got {args.min_p}")
+    if args.budget is not None and not args.budget > 0:  # NaN too
+        parser.error(f"--budget must be > 0 drafts verified per start, got {args.budget}")
     if args.head == "demo" and args.method not in (None, "eagle3"):
         parser.error(f'--method {args.method}: HEAD "demo" is the shipped EAGLE-3 head (--method eagle3 or none)')
     return args
@@ -216,6 +224,13 @@ def deepspec_line(metrics) -> str:
             f"{float(metrics.acceptance_length) + 1:.4f}")  # fmt: skip
 
 
+def ranked_by(head) -> str:
+    """What budgeted verification ranks the head's drafts by."""
+    if getattr(head, "confidence_head", None) is not None:
+        return "its confidence head"
+    return "the draft's confidence"
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     if args.plot is not None:
         from specdraft.training.report import pyplot
@@ -255,7 +270,7 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     from specdraft.training.distributed import all_ranks_or_none, all_reduce_timing, shard_tokens, share_shards
     from specdraft.training.evaluate import DraftEvaluator, evaluate
     from specdraft.training.metrics import finalize, reduce, zero_sums
-    from specdraft.training.report import format_table, plot_acceptance
+    from specdraft.training.report import budget_points, format_budget, format_table, plot_acceptance
     from specdraft.training.shards import shard_paths
 
     with all_ranks_or_none(ranks, "setup", is_bad_input):
@@ -270,9 +285,12 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
         steps = head_steps(args.steps, head)
         if args.steps is None:
             check_steps(steps, paths)
+        if args.budget is not None and args.budget > steps:
+            raise ValueError(f"--budget {args.budget:g}: at most K = {steps} drafts per start can be verified")
         check_shards(paths, head)
         evaluator = DraftEvaluator(head, num_steps=steps, temperature=args.temperature, **truncation(args),
-                                   tokens=args.tokens, divergence=args.divergence, compile=not args.eager)  # fmt: skip
+                                   tokens=args.tokens, divergence=args.divergence, budget=args.budget is not None,
+                                   compile=not args.eager)  # fmt: skip
     progress = ranks.is_main and not args.no_progress
     if not args.eager and progress:
         evaluator.step = announce_first_call(evaluator.step, "the evaluation step", device)
@@ -280,7 +298,7 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
         if mine:
             sums, timing = evaluate(evaluator, mine, max_batch_tokens=args.max_batch_tokens or None, progress=progress)
         else:  # more ranks than shards
-            sums = zero_sums(steps, args.divergence, device)
+            sums = zero_sums(steps, args.divergence, device, budget=args.budget is not None)
             timing = dict.fromkeys(("tokens", "seconds", "first_batch_s", "after_first_tokens", "after_first_s"), 0)
     sums, timing = reduce(sums), all_reduce_timing(timing, device)
     if not ranks.is_main:
@@ -293,17 +311,23 @@ def evaluate_and_report(args: argparse.Namespace, ranks, device) -> int:
     print(format_table(metrics, sums, args.temperature, **truncation(args)))
     if evaluator.loop == "block":
         print(deepspec_line(metrics))
+    points = None
+    if args.budget is not None:
+        points = budget_points(metrics, sums, args.budget)
+        print(format_budget(points, args.temperature, args.budget, ranked_by(head)))
     print(f"{timing['tokens_per_s']:.0f} tokens/s over {timing['seconds']:.1f} s "
           f"(the first shard, compile included: {timing['first_batch_s']:.1f} s{after_first(timing)})")  # fmt: skip
     if args.plot is not None:
         title = f"{args.head}, K = {steps}"
-        print(f"wrote {plot_acceptance(metrics, args.plot, title, args.temperature, **truncation(args))}")
+        print(f"wrote {plot_acceptance(metrics, args.plot, title, args.temperature, **truncation(args), sums=sums)}")
     if args.json is not None:
         record = {name: value.tolist() for name, value in metrics._asdict().items()}
         record |= {"sums": {name: value.tolist() for name, value in sums._asdict().items()}, "timing": timing,
                    "sampling": {"temperature": args.temperature, **truncation(args)}}  # fmt: skip
         if evaluator.loop == "block":
             record["deepspec_acceptance_length"] = float(metrics.acceptance_length) + 1
+        if points is not None:
+            record["budget"] = [point._asdict() for point in points]
         args.json.write_text(json.dumps(record, indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -85,8 +85,29 @@ def truncated(row: list[float], temperature: float, truncation, probs: bool = Fa
     return [x if key >= cut else (0.0 if probs else -INF) for x, key in zip(row, keys, strict=True)], margin
 
 
+BINS_PER_OCTAVE, NUM_BINS = 8, 256  # training.budget_curve's gain bins, from its docstring
+
+
+def gain_bin(gain: float, margins: list | None = None) -> int:
+    """The bin of an expected gain: floor(-8 log2 g) clamped to [0, 255], 0 in the
+    last. margins: appended the distance of -8 log2 g to the nearest bin edge
+    (g = 1 is exact in any precision: none)."""
+    if not gain > 0:
+        return NUM_BINS - 1
+    octaves = -math.log2(gain) * BINS_PER_OCTAVE
+    if margins is not None and 0 < octaves < NUM_BINS - 1:  # g = 1 is exact
+        margins.append(abs(octaves - round(octaves)))
+    return min(max(math.floor(octaves), 0), NUM_BINS - 1)
+
+
+def largest_probability(row: list[float], temperature: float) -> float:
+    """The largest probability of softmax(row / T), T = 1 when greedy."""
+    scale = temperature if temperature > 0 else 1.0
+    return max(softmax([x / scale for x in row]))
+
+
 def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None, target_is_probs=False,
-                      truncations=None, margins=None) -> dict:  # fmt: skip
+                      truncations=None, margins=None, survival=None, bin_margins=None) -> dict:  # fmt: skip
     """training.draft_metrics from its definition. draft[k][t], target[j]: lists of
     floats; loss_mask[j]: bool per target row; temperatures[t] per start; seq_lens:
     the packed sequences' lengths. Step k from start t is scored when row t + k + 1
@@ -94,18 +115,27 @@ def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None
     acceptance length is its number of leading greedy matches. truncations[t]: start
     t's (top_k, top_p, min_p), or None: accept is then sum min(p~, q~) of the draft
     row and the target row each truncated (`truncated`), the rest untruncated; each
-    truncation's top-p margin is appended to `margins` when given."""
+    truncation's top-p margin is appended to `margins` when given. survival: [k][t]
+    floats, or "draft" (each draft row's largest probability, of the truncated row
+    when truncated): then the budget sums, per full start the gain of draft k is the
+    product of survivals 0..k (each clamped to [0, 1], NaN as 0), and each bin of it
+    (`gain_bin`) sums the drafts, those accepted (drafts 0..k all matched) and the
+    product of accept over 0..k; expected_prefix[k] sums that product per step;
+    bin_margins: each gain's distance to a bin edge."""
     num_steps = len(draft)
     sums = {
         name: [0.0] * num_steps for name in ("count", "matches", "accept", "accepted_prefix", "cross_entropy", "kl")
     }
     sums["starts"] = 0.0
+    sums["expected_prefix"] = [0.0] * num_steps
+    for name in ("budget_drafts", "budget_accepted", "budget_expected"):
+        sums[name] = [0.0] * NUM_BINS
     lengths = []
     begin = 0
     for length in seq_lens:
         end = begin + length
         for t in range(begin, end):
-            matched = []
+            matched, accepts, survivals = [], [], []
             for k in range(num_steps):
                 row = t + k + 1
                 if row >= end or not loss_mask[row]:
@@ -120,6 +150,12 @@ def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None
                     m["accept"] = cut["accept"]
                     if margins is not None:
                         margins += [draft_margin, target_margin]
+                if survival == "draft":
+                    values = draft[k][t] if truncations is None else draft_row
+                    survivals.append(largest_probability(values, temperatures[t]))
+                elif survival is not None:
+                    survivals.append(survival[k][t])
+                accepts.append(m["accept"])
                 match = m["draft_token"] == m["target_token"]
                 matched.append(match)
                 sums["count"][k] += 1
@@ -134,6 +170,17 @@ def draft_metric_sums(draft, target, loss_mask, temperatures, seq_lens, d2t=None
                 lengths.append(run)
                 for k in range(run):
                     sums["accepted_prefix"][k] += 1
+                if survival is not None:
+                    gain, product = 1.0, 1.0
+                    for k in range(num_steps):
+                        rate = survivals[k]
+                        gain *= 0.0 if rate != rate else min(max(rate, 0.0), 1.0)
+                        product *= accepts[k]
+                        b = gain_bin(gain, bin_margins)
+                        sums["budget_drafts"][b] += 1
+                        sums["budget_accepted"][b] += k < run
+                        sums["budget_expected"][b] += product
+                        sums["expected_prefix"][k] += product
         begin = end
     sums["acceptance_lengths"] = lengths
     return sums

@@ -18,6 +18,11 @@ summed over k is, per full start, the accepted prefix of the block's first K dra
 under greedy verification along the data; DeepSpec's evaluator counts that plus one
 (the target's own token) per verification, `finalize(sums).acceptance_length + 1`,
 and its accept_rate@k is `accepted_prefix_rate[k]`.
+
+With budget=True the sums also hold budgeted verification's curve
+(`training.budget_curve`): the acceptance length against the drafts verified per
+start when the positions of largest expected gain are verified first, ranked by the
+draft's confidence (a DSpark head: its confidence head), beside fixed K.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specdraft.checks import check_int_range
+from specdraft.checks import check_bool, check_int_range
 from specdraft.training.block import block_forward_for_eval, start_anchors
 from specdraft.training.metrics import DraftMetricSums, check_truncation_numbers, combine, draft_metrics, finalize
 from specdraft.training.shards import TargetBatch, load_batch, split_batch
@@ -52,12 +57,13 @@ class DraftEvaluator:
     `draft_loop`: "multi_layer" for MTP heads with several layers,
     MultiLayerEagleProposer; "block" for block drafters, BlockProposer; "eagle"
     otherwise). compile: True, False, or a dict of torch.compile options (default
-    fullgraph=True, dynamic=True).
+    fullgraph=True, dynamic=True). budget: also sum budgeted verification's curve
+    (module docstring).
     """
 
     def __init__(self, head: torch.nn.Module, *, num_steps: int, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, tokens: str = "draft", loop: str = "auto",
-                 divergence: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
+                 divergence: bool = False, budget: bool = False, compile: bool | dict = True) -> None:  # fmt: skip
         check_int_range("num_steps", num_steps, 1)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature != temperature:
             raise ValueError(f"temperature must be a number (<= 0: greedy), got {temperature!r}")
@@ -76,6 +82,8 @@ class DraftEvaluator:
         self.loop = head.draft_loop if loop == "auto" else loop
         check_block_loop(head, self.loop, num_steps)
         self.divergence = divergence
+        check_bool("budget", budget)
+        self.budget = budget
         self.step = self.metrics_of
         if compile is not False:
             options = {"fullgraph": True, "dynamic": True, **(compile if isinstance(compile, dict) else {})}
@@ -83,22 +91,29 @@ class DraftEvaluator:
 
     def metrics_of(self, batch: TargetBatch) -> DraftMetricSums:
         """Unroll (or blocks) then metrics for one batch (what gets compiled)."""
+        survival = "draft" if self.budget else None
         if self.loop == "block":
-            logits = self.block_logits(batch)
+            logits, confidence = self.block_logits(batch)
+            if self.budget and confidence is not None:
+                survival = torch.sigmoid(confidence.float())
         else:
             logits = unroll_for_eval(
                 self.head, *batch.unroll_args(), num_steps=self.num_steps, tokens=self.tokens, loop=self.loop
             ).logits
         return draft_metrics(
             logits, batch.target_logits, batch.loss_mask, self.temperature, **self.truncation,
-            d2t=self.head.vocab_map, cu_seqlens=batch.cu_seqlens, divergence=self.divergence,
+            d2t=self.head.vocab_map, cu_seqlens=batch.cu_seqlens, divergence=self.divergence, survival=survival,
         )  # fmt: skip
 
-    def block_logits(self, batch: TargetBatch) -> torch.Tensor:
-        """[K, T, V]: row k of the block anchored at t + 1, for every start t."""
+    def block_logits(self, batch: TargetBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([K, T, V], [K, T] or None): row k of the block anchored at t + 1, for every
+        start t, and its confidence logit (a DSpark head with a confidence head)."""
         anchors, valid = start_anchors(batch.cu_seqlens, batch.num_tokens)
         out = block_forward_for_eval(self.head, *batch.unroll_args(), anchors, valid, tokens=self.tokens)
-        return out.logits[:, : self.num_steps].transpose(0, 1).contiguous()
+        logits = out.logits[:, : self.num_steps].transpose(0, 1).contiguous()
+        if out.confidence is None:
+            return logits, None
+        return logits, out.confidence[:, : self.num_steps].transpose(0, 1).contiguous()
 
     @torch.no_grad()
     def __call__(self, batch: TargetBatch) -> DraftMetricSums:

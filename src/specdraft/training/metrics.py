@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
 from specdraft.layout import sequence_of
 from specdraft.ops import truncation_cut, vocab_metrics
+from specdraft.training.budget_curve import NUM_BINS, budget_sums
 
 QUANTUM = 2.0**-24  # the grid per-pair values are rounded to: 2**53 * QUANTUM = 2**29 is the exact range
 
@@ -72,6 +73,10 @@ class DraftMetricSums(NamedTuple):
     starts: torch.Tensor  # [] full starts
     cross_entropy: torch.Tensor  # [K], or [0] without divergence
     kl: torch.Tensor  # [K], or [0] without divergence
+    expected_prefix: torch.Tensor  # [K] full starts' products of Σ min(p, q) over drafts 0..k, or [0] without survival
+    budget_drafts: torch.Tensor  # [NUM_BINS] full starts' drafts per gain bin (training.budget_curve), or [0]
+    budget_accepted: torch.Tensor  # [NUM_BINS] of them, drafts 0..k all matched, or [0]
+    budget_expected: torch.Tensor  # [NUM_BINS] of them, products of Σ min(p, q) over drafts 0..k, or [0]
 
 
 class DraftMetrics(NamedTuple):
@@ -169,6 +174,7 @@ def draft_metrics(
     cu_seqlens: torch.Tensor | None = None,
     target_is_probs: bool = False,
     divergence: bool = False,
+    survival: torch.Tensor | str | None = None,
 ) -> DraftMetricSums:
     """Per-step float64 sums of the draft's agreement with the target (module docstring).
 
@@ -181,7 +187,13 @@ def draft_metrics(
     top_p and min_p fp32; a tensor's values are not checked: ops.truncation_cut's
     rules); off by default. d2t [Vd]: draft id i is target id i + d2t[i] (None:
     Vd == V). cu_seqlens [B + 1] int32/int64: packed sequences (None: one sequence);
-    its last entry must be T. Not differentiable: the logits are detached.
+    its last entry must be T. survival: the sums of budgeted verification
+    (training.budget_curve) by these estimates, [K, T] float (step k's at start t:
+    DSpark's confidence head), or "draft" for the draft's confidence, the largest
+    probability of step k's distribution (at the temperature and inside the
+    truncation; T = 1 when greedy), as SpeculativeDecoder(budget=...) ranks a chain's
+    drafts; None (default): those fields empty. Not differentiable: the logits are
+    detached.
     """
     check_tensor_arg("draft_logits", draft_logits, FLOAT_DTYPES, shape=(at_least(1, "K"), None, at_least(1, "Vd")),
                      contiguous="rows")  # fmt: skip
@@ -193,6 +205,10 @@ def draft_metrics(
     check_tensor_arg("cu_seqlens", cu_seqlens, INDEX_DTYPES, shape=(at_least(2, "B + 1"),), contiguous=True,
                      device_of=draft_logits, optional=True)  # fmt: skip
     check_bool("divergence", divergence)
+    if isinstance(survival, torch.Tensor):
+        check_tensor_arg("survival", survival, FLOAT_DTYPES, shape=(num_steps, total), device_of=draft_logits)
+    elif survival not in (None, "draft"):
+        raise ValueError(f'survival must be None, "draft" or a [K, T] float tensor, got {survival!r}')
     temperatures = _start_temperatures(temperature, total, draft_logits)
     draft_logits, target_logits = draft_logits.detach(), target_logits.detach()
     device = draft_logits.device
@@ -231,8 +247,13 @@ def draft_metrics(
             out, accept = inside if out is None else out, inside.accept  # argmaxes are kept: the same tokens
         values = (out.draft_token == out.target_token, accept)
         values += (out.cross_entropy, out.kl) if divergence else ()
+        if survival == "draft":
+            values += (largest_probability(draft_rows if truncation is None else draft_part, temperatures[:n]),)
         columns.append([F.pad(v, (0, k + 1)) for v in values])
-    match, accept, *divergences = (torch.stack(c) for c in zip(*columns, strict=True))
+    match, accept, *rest = (torch.stack(c) for c in zip(*columns, strict=True))
+    divergences = rest[:2] if divergence else []
+    if survival == "draft":
+        survival = rest[-1]
 
     def step_sums(values: torch.Tensor) -> torch.Tensor:
         return torch.where(scored, _exact(values), 0.0).sum(1)
@@ -240,7 +261,12 @@ def draft_metrics(
     matched = match & scored
     full = scored.all(0)
     prefix = torch.cumprod(matched.long(), 0) * full  # [K, T]: drafts 0..k all matched, full starts only
-    no_divergence = torch.zeros(0, dtype=torch.float64, device=device)
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    no_divergence = empty
+    budget = (empty.clone(), empty.clone(), empty.clone(), empty.clone())
+    if survival is not None:
+        expected = _exact(torch.cumprod(torch.where(scored, accept.double(), 0.0), 0)) * full
+        budget = (expected.sum(1), *budget_sums(survival, prefix, expected, full))
     return DraftMetricSums(
         count=scored.sum(1).double(),
         matches=matched.sum(1).double(),
@@ -249,7 +275,20 @@ def draft_metrics(
         starts=full.sum().double(),
         cross_entropy=step_sums(divergences[0]) if divergence else no_divergence,
         kl=step_sums(divergences[1]) if divergence else no_divergence.clone(),
+        expected_prefix=budget[0],
+        budget_drafts=budget[1],
+        budget_accepted=budget[2],
+        budget_expected=budget[3],
     )
+
+
+def largest_probability(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """[n] fp32: the largest probability of softmax(logits / T) per row, T = 1 where a
+    row is greedy (T not > 0): the draft's confidence, generation.budget's survival
+    estimate of a chain's draft."""
+    scale = torch.where(temperatures > 0, temperatures, 1.0)[:, None]
+    scaled = logits.float() / scale
+    return torch.exp(scaled.amax(dim=-1) - torch.logsumexp(scaled, dim=-1))
 
 
 def combine(a: DraftMetricSums, b: DraftMetricSums) -> DraftMetricSums:
@@ -257,13 +296,20 @@ def combine(a: DraftMetricSums, b: DraftMetricSums) -> DraftMetricSums:
     return DraftMetricSums(*(x + y for x, y in zip(a, b, strict=True)))
 
 
-def zero_sums(num_steps: int, divergence: bool = False, device: torch.device | str = "cpu") -> DraftMetricSums:
+def zero_sums(num_steps: int, divergence: bool = False, device: torch.device | str = "cpu",
+              budget: bool = False) -> DraftMetricSums:  # fmt: skip
     """The sums of no data, shaped as `draft_metrics` returns them for num_steps
-    (what a rank with nothing to evaluate contributes to `reduce`)."""
-    steps = torch.zeros(num_steps, dtype=torch.float64, device=device)
-    divergences = torch.zeros(num_steps if divergence else 0, dtype=torch.float64, device=device)
-    return DraftMetricSums(steps, steps.clone(), steps.clone(), steps.clone(), steps.new_zeros(()),
-                           divergences, divergences.clone())  # fmt: skip
+    (what a rank with nothing to evaluate contributes to `reduce`); budget: as with
+    a survival estimate."""
+
+    def zeros(size: int) -> torch.Tensor:
+        return torch.zeros(size, dtype=torch.float64, device=device)
+
+    divergences = num_steps if divergence else 0
+    bins = NUM_BINS if budget else 0
+    return DraftMetricSums(zeros(num_steps), zeros(num_steps), zeros(num_steps), zeros(num_steps), zeros(1)[0],
+                           zeros(divergences), zeros(divergences), zeros(num_steps if budget else 0), zeros(bins),
+                           zeros(bins), zeros(bins))  # fmt: skip
 
 
 def reduce(sums: DraftMetricSums, group=None) -> DraftMetricSums:
