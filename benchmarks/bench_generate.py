@@ -257,15 +257,18 @@ def step_weight_bytes(head: Eagle3Head) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
 
-def floor_fns(dev: Device, decoder: SpeculativeDecoder, state, requests):
-    """The model calls of one iteration alone, each compiled: (target forward over
-    K + 1 tokens per request with its logits, the draft's first pass with its
-    logits at each request's last row, one single-token draft step with logits)."""
+def floor_fns(dev: Device, decoder: SpeculativeDecoder, state, requests, rows_per_request: int | None = None,
+              compile: bool = True):  # fmt: skip
+    """The model calls of one iteration alone, each compiled (compile=False: eager):
+    (target forward over K + 1 tokens per request, or rows_per_request (at most
+    K + 1), with its logits, the draft's first pass with its logits at each
+    request's last row, one single-token draft step with logits)."""
     k, target, proposer = decoder.k, decoder.target, decoder.proposer
     head, caches = proposer.model, proposer.kv_caches
     num_reqs = state.lens.shape[0]
-    token_ids = torch.cat([state.last_tokens[:, None], state.drafts], dim=1).reshape(-1)
-    positions, metadata = window_batch(state.lens, k + 1, requests.block_table, decoder.block_size, decoder.reach)
+    width = k + 1 if rows_per_request is None else rows_per_request
+    token_ids = torch.cat([state.last_tokens[:, None], state.drafts], dim=1)[:, :width].reshape(-1)
+    positions, metadata = window_batch(state.lens, width, requests.block_table, decoder.block_size, decoder.reach)
     rows = metadata.query_start_loc[1:].long() - 1
 
     def target_forward():
@@ -298,7 +301,8 @@ def floor_fns(dev: Device, decoder: SpeculativeDecoder, state, requests):
         h_sample, h_next = head(step_ids, step_positions, step_hidden, step_metadata, caches, spec_step_idx=1)
         return head.compute_logits(h_sample).argmax(-1), h_next
 
-    return [dev.compile_alone(fn) for fn in (target_forward, first_pass, draft_step)]
+    fns = (target_forward, first_pass, draft_step)
+    return [dev.compile_alone(fn) for fn in fns] if compile else list(fns)
 
 
 def warmed_iteration(dev: Device, decoder, state, requests):

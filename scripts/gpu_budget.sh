@@ -12,6 +12,9 @@
 #   bash scripts/gpu_budget.sh trees [GPU ...]   # budgets over draft trees: their tests on CUDA on the first GPU
 #                                          # named while bench_budget.py's tree rows (and plain, fixed K = 3) at
 #                                          # B = $BENCH_SIZES (default 1 16 64 256) run on the others
+#   bash scripts/gpu_budget.sh projection  # the offline budget curve's tests on CUDA (the evaluator, draft_metrics,
+#                                          # the eval CLI), then benchmarks/bench_budget_8b.py (the 8B-shaped
+#                                          # projection by batch size) on GPU 0
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -84,8 +87,18 @@ trees() {
     cat "$OUT"/results_*/budget.jsonl >> "$OUT/results/budget.jsonl" 2>/dev/null
     for f in "$OUT"/bench_tree_budget_*.log; do echo "== $f"; grep "^|" "$f"; done
 }
+projection() {
+    CUDA_VISIBLE_DEVICES=0 SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        -m "not interpreter" -rf tests/training/test_budget_curve.py tests/training/test_evaluate.py \
+        tests/training/test_metrics.py tests/test_eval.py > "$OUT/tests_budget_curve.log" 2>&1
+    echo "budget curve tests: exit $?"; tail -8 "$OUT/tests_budget_curve.log"
+    CUDA_VISIBLE_DEVICES=0 timeout 330 python3 benchmarks/bench_budget_8b.py --json "$OUT/budget_8b.json" \
+        > "$OUT/bench_budget_8b.log" 2>&1
+    echo "bench_budget_8b: exit $?"; grep -v "^|" "$OUT/bench_budget_8b.log" | tail -12; grep "^|" "$OUT/bench_budget_8b.log"
+}
 case "$stage" in
 tests) tests ;;
+projection) projection ;;
 trees) trees "$@" ;;
 bench) bench "$@" ;;
 ops) ops ;;
