@@ -42,7 +42,7 @@ import json
 
 import torch
 from bench_generate import BLOCK_SIZE, Device, build_8b, floor_fns, log, table
-from record import append_table, latest, read_rows
+from record import RESULTS, append_table, latest, read_rows
 
 from specdraft.config import SpeculativeConfig
 from specdraft.generation import SpeculativeDecoder, num_kv_blocks
@@ -85,7 +85,7 @@ def time_calls(dev: Device, target, head, num_reqs: int) -> dict:
 def acceptance_table(device_name: str) -> dict:
     """(B, mode, k, budget) -> tokens per request and iteration, from the newest greedy
     rows of the demo pair's `budget` table on that device."""
-    rows = [r for r in latest(read_rows("budget")) if r["device"] == device_name]
+    rows = [r for r in latest(read_rows("budget", RESULTS)) if r["device"] == device_name]
     return {(r["config"]["B"], r["config"]["mode"], r["config"].get("k"), r["config"].get("budget")):
             r["metrics"]["acceptance_length"] for r in rows}  # fmt: skip
 
