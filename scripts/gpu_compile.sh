@@ -10,6 +10,9 @@
 #                                          # torch has them (the device machine's torch has none and sets
 #                                          # PYTHONDONTWRITEBYTECODE=1): torch, triton and specdraft compiled to
 #                                          # bytecode first (compileall, under PYTHONPYCACHEPREFIX), then timed
+#   bash scripts/gpu_compile.sh eval8b     # the eval CLI at the 8B shape (scripts/eval_8b_shards.py: 8 shards of
+#                                          # 2 x 2k tokens, K = 7): its first shard cold (a fresh Inductor and
+#                                          # Triton cache), warm (the same caches again), and cold with --budget
 # OLD_SRC=<folder holding an older specdraft package> runs the compile / roofline stage on
 # that tree first (PYTHONPATH), then on this one: a before / after on one machine. Rows
 # record BENCH_COMMIT (this tree) and OLD_COMMIT (the older one).
@@ -53,5 +56,18 @@ case "$stage" in
         echo "compileall: exit $?, $(( $(date +%s) - start )) s, $(du -sh "$PYTHONPYCACHEPREFIX" | cut -f1)" | tee -a "$OUT/gpu.txt"
         each_tree bench_compile_bytecode ${COMPILE_TIMEOUT:-300} python3 bench_compile.py --device cuda --shape 8b \
             --layers 32 --what "speculative iteration" "plain iteration" ;;
-    *) echo "unknown stage $stage (tests | compile | roofline | bytecode)"; exit 2 ;;
+    eval8b)
+        timeout 150 python3 scripts/eval_8b_shards.py /tmp/e8b --sequences 2 2 2 2 2 2 2 2 > "$OUT/shards.log" 2>&1
+        echo "shards: exit $?"; tail -2 "$OUT/shards.log"
+        for run in cold warm budget_cold; do
+            cache=$OUT/cache_cold extra=()  # warm: the cold run's caches again
+            [ "$run" = budget_cold ] && cache=$OUT/cache_budget extra=(--budget 3.5)
+            start=$(date +%s.%N)
+            TORCHINDUCTOR_CACHE_DIR=$cache/inductor TRITON_CACHE_DIR=$cache/triton timeout 240 python3 -m specdraft.eval \
+                /tmp/e8b/head /tmp/e8b/shards --device cuda --steps 7 --no-progress "${extra[@]}" \
+                --json "$OUT/eval8b_$run.json" > "$OUT/eval8b_$run.log" 2>&1
+            echo "eval8b $run: exit $?, $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s wall"
+            grep "tokens/s" "$OUT/eval8b_$run.log"
+        done ;;
+    *) echo "unknown stage $stage (tests | compile | roofline | bytecode | eval8b)"; exit 2 ;;
 esac
