@@ -55,6 +55,9 @@ def test_compiled_step_equals_eager_with_one_graph(device):
                 assert not a.requires_grad, name
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"{counts.compiles} graphs for three batch lengths"
+    # One trace: the temperature and the modules' floats (eps, RoPE theta) constant from
+    # the start, not traced as symbols and the analysis restarted (evaluate.specialized_floats).
+    assert counts.restarts == 0
 
 
 @pytest.fixture(scope="module")

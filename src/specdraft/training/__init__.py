@@ -19,7 +19,7 @@ from specdraft.training.block import (
     start_anchors,
 )
 from specdraft.training.capture import capture_target_outputs
-from specdraft.training.evaluate import DraftEvaluator, evaluate
+from specdraft.training.evaluate import DraftEvaluator, evaluate, specialized_floats
 from specdraft.training.metrics import (
     DraftMetrics,
     DraftMetricSums,
@@ -78,6 +78,7 @@ __all__ = [
     "split_batch",
     "DraftEvaluator",
     "evaluate",
+    "specialized_floats",
     "format_table",
     "plot_acceptance",
     "plot_training_curve",

@@ -122,7 +122,18 @@ class DraftEvaluator:
         # symbolic size that may be 1 is guarded on, and a batch of one would
         # compile a second graph).
         cu_seqlens = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:]])
-        return self.step(batch._replace(cu_seqlens=cu_seqlens))
+        with specialized_floats():
+            return self.step(batch._replace(cu_seqlens=cu_seqlens))
+
+
+def specialized_floats():
+    """Dynamo with every Python float the step reads held constant. Under dynamic=True
+    it would trace the floats (the temperature, top-p, the norms' eps, RoPE's theta)
+    as symbols, find some it cannot turn into tensors, and restart the whole
+    analysis with them constant: the step traced twice (K = 7 on a 2-core CPU: a cold
+    first call of 215 s, of which the failed first attempt took 45 s). Constant from
+    the start, each float is guarded on its value either way."""
+    return torch._dynamo.config.patch(specialize_float=True)
 
 
 def check_block_loop(head: torch.nn.Module, loop: str, num_steps: int) -> None:
