@@ -30,6 +30,10 @@ Sums, per step k, each over the scored pairs of step k unless said otherwise:
 - cross_entropy, kl (divergence=True, else empty): the target restricted to the
   draft vocabulary and renormalised (pd, SpecForge's training target) against the
   draft q, -sum pd log q and sum pd log(pd / q), at the temperature (1 when greedy).
+- expected_prefix, budget_drafts, budget_accepted, budget_expected (with a
+  survival estimate, else empty): over full starts, per step the products of
+  Σ min(p, q) over drafts 0..k, and budgeted verification's sums per gain bin
+  (training.budget_curve).
 
 Truncation. top_k / top_p / min_p (default off) are a request's, with the rules and
 order of ops.truncation_cut: then accept is sum_x min(p~(x), q~(x)), p~ the
