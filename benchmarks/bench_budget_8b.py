@@ -90,17 +90,20 @@ def acceptance_table(device_name: str) -> dict:
             r["metrics"]["acceptance_length"] for r in rows}  # fmt: skip
 
 
+def drafted_iteration_us(calls: dict, rows: int, drafts: int) -> float:
+    """A speculative iteration verifying `rows` rows per request and drafting `drafts`
+    tokens: the target's pass, the draft's first pass over the same rows, and the
+    draft steps after it."""
+    return calls[f"target_{rows}"] + calls[f"first_pass_{rows}"] + (drafts - 1) * calls["draft_step"]
+
+
 def configurations(num_reqs: int, calls: dict):
     """(name, mode, k, budget, µs of one iteration) per configuration (module docstring)."""
     yield "plain", "plain", 0, None, calls["target_1"]
     for k in FIXED:
-        rows = k + 1
-        steps = (k - 1) * calls["draft_step"]
-        yield f"fixed K = {k}", "fixed", k, None, calls[f"target_{rows}"] + calls[f"first_pass_{rows}"] + steps
+        yield f"fixed K = {k}", "fixed", k, None, drafted_iteration_us(calls, k + 1, k)
     for fraction in BUDGET_FRACTIONS:
-        rows = fraction + 1
-        time_us = calls[f"target_{rows}"] + calls[f"first_pass_{rows}"] + (K - 1) * calls["draft_step"]
-        yield f"budget {fraction}B", "budget", K, fraction * num_reqs, time_us
+        yield f"budget {fraction}B", "budget", K, fraction * num_reqs, drafted_iteration_us(calls, fraction + 1, K)
 
 
 def projection(num_reqs: int, calls: dict, accepted: dict) -> list[list]:

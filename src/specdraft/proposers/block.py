@@ -27,13 +27,14 @@ from typing import NamedTuple
 import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.draft_confidence import row_confidence
 from specdraft.layout import BatchMetadata
 from specdraft.models.attention import prefix_and_tree_attention
 from specdraft.models.kv_cache import write_kv_cache
 from specdraft.ops import markov_block_sample
 from specdraft.proposers.base import Proposer
 from specdraft.proposers.checks import check_method
-from specdraft.proposers.draft_sampling import DraftSampler, row_confidence, sample_per_request
+from specdraft.proposers.draft_sampling import DraftSampler, sample_per_request
 from specdraft.proposers.loop import TargetWindow, clamp_ids, sample_rows
 
 
@@ -86,7 +87,7 @@ def sample_markov_block(model, config: SpeculativeConfig, logits, hidden, newest
                         num_drafts: int):  # fmt: skip
     """DSpark: tokens [B, block_size], the draft probs [B, K, V] (or None) of the
     Markov-corrected logits, sampled in order over the block in one op, and the
-    draft's confidence at each drafted position [B, K] (draft_sampling.row_confidence; None
+    draft's confidence at each drafted position [B, K] (draft_confidence.row_confidence; None
     without config.return_draft_confidence)."""
     markov = model.markov_head
     temperature, seeds = DraftSampler(config, sampling, None).row_params(logits.shape[0], logits.device)

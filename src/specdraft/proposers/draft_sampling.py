@@ -1,9 +1,9 @@
 """Draft sampling for the propose loops (loop.py) and the block drafters (block.py):
 `DraftSampler` samples one draft token per row of logits (greedy argmax, or the
 seeded Gumbel draft_sample with each request's temperature, seed and truncation) and
-fills the draft-probability buffer; `row_confidence` is each row's confidence, which
-budgeted verification ranks positions by; `sample_per_request` samples K drafts per
-request in one call."""
+fills the draft-probability buffer and keeps each row's confidence
+(specdraft.draft_confidence), which budgeted verification ranks positions by;
+`sample_per_request` samples K drafts per request in one call."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from specdraft.config import SamplingParams, SpeculativeConfig
+from specdraft.draft_confidence import row_confidence
 from specdraft.ops import draft_sample, truncation_cut
 
 if TYPE_CHECKING:
@@ -114,26 +115,6 @@ class DraftSampler:
     def step(self, logits, state: StepState, step_index: torch.Tensor | None):
         """Draft token of one step: the fed token's position + 1 keys its noise."""
         return self(logits, first_row(state.positions) + 1, step_index)
-
-
-def row_confidence(logits: torch.Tensor, temperature: torch.Tensor | None,
-                   cut: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """[rows] fp32: the largest probability of each row's distribution, softmax(logits
-    / T) over the logits >= the row's cut (its truncation) when given, T = 1 where the
-    row drafts greedily (T not > 0, or temperature None). A greedy draft's probability
-    of its own token; budgeted verification ranks positions by it.
-
-    Not the probability of the token drafted: at T > 0 that depends on which token was
-    drawn, and verifying a draft only when its own token is likely biases what
-    rejection sampling emits (accepted drafts would over-represent likely tokens).
-    This depends on the row (the context) alone, so deciding by it keeps rejection
-    sampling exact."""
-    scaled = logits.float()
-    if cut is not None:
-        scaled = torch.where(scaled >= cut[:, None], scaled, float("-inf"))
-    if temperature is not None:
-        scaled = scaled / torch.where(temperature > 0, temperature, 1.0)[:, None]
-    return (scaled.amax(dim=-1) - torch.logsumexp(scaled, dim=-1)).exp()
 
 
 def sample_per_request(config: SpeculativeConfig, sampling: SamplingParams | None, logits, token_positions,

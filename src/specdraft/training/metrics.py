@@ -59,6 +59,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
+from specdraft.draft_confidence import row_confidence
 from specdraft.layout import sequence_of
 from specdraft.ops import truncation_cut, vocab_metrics
 from specdraft.training.budget_curve import NUM_BINS, budget_sums
@@ -252,7 +253,7 @@ def draft_metrics(
         values = (out.draft_token == out.target_token, accept)
         values += (out.cross_entropy, out.kl) if divergence else ()
         if survival == "draft":
-            values += (largest_probability(draft_rows if truncation is None else draft_part, temperatures[:n]),)
+            values += (row_confidence(draft_rows if truncation is None else draft_part, temperatures[:n]),)
         columns.append([F.pad(v, (0, k + 1)) for v in values])
     match, accept, *rest = (torch.stack(c) for c in zip(*columns, strict=True))
     divergences = rest[:2] if divergence else []
@@ -286,15 +287,6 @@ def draft_metrics(
     )
 
 
-def largest_probability(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """[n] fp32: the largest probability of softmax(logits / T) per row, T = 1 where a
-    row is greedy (T not > 0): the draft's confidence, generation.budget's survival
-    estimate of a chain's draft."""
-    scale = torch.where(temperatures > 0, temperatures, 1.0)[:, None]
-    scaled = logits.float() / scale
-    return torch.exp(scaled.amax(dim=-1) - torch.logsumexp(scaled, dim=-1))
-
-
 def combine(a: DraftMetricSums, b: DraftMetricSums) -> DraftMetricSums:
     """Field-wise a + b: the sums of two batches (exact, module docstring)."""
     return DraftMetricSums(*(x + y for x, y in zip(a, b, strict=True)))
@@ -311,9 +303,12 @@ def zero_sums(num_steps: int, divergence: bool = False, device: torch.device | s
 
     divergences = num_steps if divergence else 0
     bins = NUM_BINS if budget else 0
-    return DraftMetricSums(zeros(num_steps), zeros(num_steps), zeros(num_steps), zeros(num_steps), zeros(1)[0],
-                           zeros(divergences), zeros(divergences), zeros(num_steps if budget else 0), zeros(bins),
-                           zeros(bins), zeros(bins))  # fmt: skip
+    return DraftMetricSums(
+        count=zeros(num_steps), matches=zeros(num_steps), accept=zeros(num_steps), accepted_prefix=zeros(num_steps),
+        starts=zeros(1)[0], cross_entropy=zeros(divergences), kl=zeros(divergences),
+        expected_prefix=zeros(num_steps if budget else 0), budget_drafts=zeros(bins), budget_accepted=zeros(bins),
+        budget_expected=zeros(bins),
+    )  # fmt: skip
 
 
 def reduce(sums: DraftMetricSums, group=None) -> DraftMetricSums:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.training.budget_curve import BudgetPoint, at_budget, budget_curve
+from specdraft.training.budget_curve import BudgetCurve, BudgetPoint, at_budget, budget_curve
 from specdraft.training.metrics import DraftMetrics, DraftMetricSums
 
 PLOT_EXTRA = 'plotting needs matplotlib: pip install "matplotlib>=3.7" (or, in a clone, pip install ".[plot]")'
@@ -61,10 +61,15 @@ def budget_points(metrics: DraftMetrics, sums: DraftMetricSums, budget: float | 
     if sums.budget_drafts.numel() == 0:
         raise ValueError("sums: no budget curve in them (evaluate with DraftEvaluator(budget=True))")
     num_steps = metrics.accuracy.shape[0]
-    curve = budget_curve(sums.budget_drafts, sums.budget_accepted, sums.budget_expected, sums.starts)
+    curve = curve_of(sums)
     expected_rates = sums.expected_prefix / sums.starts
     levels = sorted({0.5, *range(1, num_steps + 1), *([budget] if budget is not None else [])})
     return [at_budget(curve, float(v), metrics.accepted_prefix_rate, expected_rates) for v in levels]
+
+
+def curve_of(sums: DraftMetricSums) -> BudgetCurve:
+    """The budget curve of sums that hold one (DraftEvaluator(budget=True))."""
+    return budget_curve(sums.budget_drafts, sums.budget_accepted, sums.budget_expected, sums.starts)
 
 
 def format_budget(points: list[BudgetPoint], temperature: float = 0.0, budget: float | None = None,
@@ -138,7 +143,7 @@ def plot_acceptance(metrics: DraftMetrics, path: str | Path, title: str = "", te
 def plot_budget_panel(ax, sums: DraftMetricSums, sampled: bool) -> None:
     """Accepted drafts per start against drafts verified per start: the budget curve
     (training.budget_curve) and fixed K = 1 .. K."""
-    curve = budget_curve(sums.budget_drafts, sums.budget_accepted, sums.budget_expected, sums.starts)
+    curve = curve_of(sums)
     fixed = [0.0, *(sums.accepted_prefix / sums.starts).cumsum(0).tolist()]
     ax.plot(curve.verified.tolist(), curve.accepted.tolist(), label="budgeted, greedy")
     ax.plot(range(len(fixed)), fixed, marker="o", linestyle="--", label="fixed K, greedy")
