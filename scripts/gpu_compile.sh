@@ -2,7 +2,7 @@
 # Issue 41's cold-compile point on the GPU, logs under $OUT, table rows under
 # $OUT/results (append them with `python benchmarks/record.py append <that folder>`):
 #   bash scripts/gpu_compile.sh tests      # the model, proposer, generation, demo, eval and
-#                                          # training-eval tests on CUDA
+#                                          # training-eval and metrics tests on CUDA
 #   bash scripts/gpu_compile.sh compile    # benchmarks/bench_compile.py at the 8B shape, 32 target
 #                                          # layers: plain and speculative iteration, cold and warm
 #   bash scripts/gpu_compile.sh roofline   # bench_roofline.py's runtimes (kernel form, N = 1 and 16)
@@ -22,7 +22,7 @@ stage=${1:-compile}
 tests() {
     SPECDRAFT_DEVICE=cuda timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -n 12 -p no:cacheprovider \
         -m "not interpreter" -rfE tests/models tests/proposers tests/generation tests/test_demo.py \
-        tests/test_eval.py tests/training/test_evaluate.py > "$OUT/tests_compile.log" 2>&1
+        tests/test_eval.py tests/training/test_evaluate.py tests/training/test_metrics.py > "$OUT/tests_compile.log" 2>&1
     echo "CUDA tests: exit $?"; tail -15 "$OUT/tests_compile.log"
 }
 # run_on <label> <command...>: the command in benchmarks/, on OLD_SRC's tree for "before".

@@ -12,7 +12,17 @@ import json
 import os
 from collections import defaultdict
 
-COLUMNS = ["wall_s", "compile_s", "inductor_s", "build_s", "graphs", "recompiles", "fx_cache_miss", "fx_cache_hit"]
+COLUMNS = [
+    "wall_s",
+    "compile_s",
+    "inductor_s",
+    "build_s",
+    "graphs",
+    "recompiles",
+    "restarts",
+    "fx_cache_miss",
+    "fx_cache_hit",
+]
 
 
 def load(directory: str, lane: str = "") -> list[dict]:

@@ -203,3 +203,12 @@ def check_all_distinct(tensors: dict[str, torch.Tensor]) -> None:
 def check_choice(name: str, value: object, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+def number_tensor(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[1] tensor of `dtype` holding a Python number argument (a temperature, a
+    top-p), equal to torch.full((1,), value, dtype=dtype). Built as ones * value:
+    torch.compile(dynamic=True) traces a float argument as a symbol, which a product
+    with a tensor keeps symbolic, while torch.full (or float(value)) pins it to its
+    value and makes Dynamo throw the whole trace away and start again."""
+    return torch.ones((1,), dtype=dtype, device=device) * value

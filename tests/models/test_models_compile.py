@@ -124,6 +124,7 @@ def test_dynamic_batch_sizes_compile_once(device):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"recompiled: {counts.compiles} graphs for 3 batch sizes"
+    assert counts.restarts == 0, "a float attribute (theta, eps, ...) made Dynamo trace the step twice"
 
 
 class CachedStep(torch.nn.Module):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdraft.models import DraftModelConfig, RotaryEmbedding
+from specdraft.testing import CompileCounts, fresh_compile
 
 transformers = pytest.importorskip(
     "transformers", minversion="5", reason="transformers >= 5 is the oracle (a test-only dependency: the test extra)"
@@ -206,3 +207,22 @@ def test_original_max_position_embeddings_defaults_like_transformers():
             hf["rope_scaling"].pop("original_max_position_embeddings")
         want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config(hf))
         torch.testing.assert_close(ours(hf).inverse_frequencies(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["plain", *sorted(SCALINGS)])
+def test_dynamic_compile_traces_once(name):
+    """torch.compile(dynamic=True) traces RoPE's float attributes (theta, the scaling
+    factors, the attention factor) as symbols. Each must stay one (tensorified) or be
+    read only at construction: a float the trace pins to its value makes Dynamo
+    throw the trace away and start again, which doubles a dynamic propose's cold
+    compile. One trace, no recompile for a second length, equal to eager."""
+    hf = BASE | {"rope_theta": THETA} if name == "plain" else spellings(SCALINGS[name])["rope_parameters"]
+    rope = ours(hf)
+    compiled = fresh_compile(rope, fullgraph=True, dynamic=True, backend="aot_eager")
+    with CompileCounts.measure() as counts:
+        for length in (5, 11):
+            positions = POSITIONS[:length]
+            q, k = randn(length, 3, HD, seed=1), randn(length, 1, HD, seed=2)
+            for got, want in zip(compiled(positions, q, k), rope(positions, q, k), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert (counts.compiles, counts.restarts, counts.graph_breaks) == (1, 0, 0), counts

@@ -162,3 +162,4 @@ def test_dynamic_batch_sizes_compile_once(device, parallel):
                 assert torch.equal(got.draft_tokens, want.draft_tokens), num_reqs
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"{counts.compiles} graphs for 4 batch sizes"
+    assert counts.restarts == 0, "a float attribute (theta, eps, ...) made Dynamo trace propose twice"

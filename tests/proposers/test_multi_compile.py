@@ -171,6 +171,7 @@ def run_dynamic(make, device, grouped_tables):
                 torch.testing.assert_close(got.draft_probs, want.draft_probs, rtol=1e-4, atol=1e-5)
     assert counts.graph_breaks == 0
     assert counts.compiles == 1, f"{counts.compiles} graphs for {len(SIZES)} batch sizes"
+    assert counts.restarts == 0, "a float attribute (theta, eps, ...) made Dynamo trace propose twice"
 
 
 def test_dynamic_batch_sizes_compile_once_multi_layer(device):

@@ -136,4 +136,4 @@ def test_build_compiles_once_for_every_batch(device):
             roots = torch.randint(0, 50, (batch,), generator=gen).to(device)
             for got, want in zip(compiled(steps, roots), run(steps, roots), strict=True):
                 assert torch.equal(got, want)
-    assert counts.graph_breaks == 0 and counts.compiles == 1
+    assert counts.graph_breaks == 0 and counts.compiles == 1 and counts.restarts == 0

@@ -34,6 +34,18 @@ from specdraft.models.rope import RotaryEmbedding
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding without its renorm arguments in the call. nn.Embedding.forward
+    hands F.embedding its float norm_type even when max_norm is None;
+    torch.compile(dynamic=True) traces that float as a symbol which the op's
+    argument parser then pins to 2.0, and Dynamo throws the whole trace away to
+    start again with it constant (a doubled cold compile). Same weights, same
+    state-dict key, same lookup."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight, self.padding_idx)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

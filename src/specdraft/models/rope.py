@@ -95,34 +95,68 @@ def _positive(x: object) -> bool:
 def inverse_frequencies(head_dim: int, theta: float, device: torch.device | str | None = None) -> torch.Tensor:
     """[head_dim // 2] float32: theta ** (-2i / head_dim)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / head_dim
-    return 1.0 / (theta**exponents)
+    return 1.0 / powers_of(theta, exponents)
+
+
+def powers_of(base: float, exponents: torch.Tensor) -> torch.Tensor:
+    """base ** exponents, bit for bit, with the base multiplied into a tensor first.
+    torch.compile(dynamic=True) traces a module's float attribute (theta) as a
+    symbol; `float ** tensor` is an op it cannot turn that symbol into a tensor
+    for, so Dynamo would throw the whole trace away and start again with the float
+    constant (the propose loop traced twice: its cold compile doubled). A product
+    with a tensor it can turn, and float32(theta) ** e is what both compute."""
+    return (torch.ones_like(exponents) * base).pow(exponents)
 
 
 def scaled_inverse_frequencies(
-    head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | str | None = None
+    head_dim: int,
+    theta: float,
+    scaling: RopeScaling | None,
+    device: torch.device | str | None = None,
+    constants: tuple[float, ...] | None = None,
 ) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies of plain RoPE (scaling None) or of
-    a scaled variant."""
+    a scaled variant. constants: scaling_constants(head_dim, theta, scaling), when the
+    caller has them (computed here otherwise)."""
     if scaling is None:
         return inverse_frequencies(head_dim, theta, device)
     if scaling.rope_type == "linear":
         return inverse_frequencies(head_dim, theta, device) / scaling.factor
+    if constants is None:
+        constants = scaling_constants(head_dim, theta, scaling)
     if scaling.rope_type == "llama3":
-        return _llama3_inverse_frequencies(head_dim, theta, scaling, device)
-    return _yarn_inverse_frequencies(head_dim, theta, scaling, device)
+        return _llama3_inverse_frequencies(head_dim, theta, scaling, device, constants)
+    return _yarn_inverse_frequencies(head_dim, theta, scaling, device, constants)
 
 
-def _llama3_inverse_frequencies(head_dim, theta, s: RopeScaling, device) -> torch.Tensor:
+def scaling_constants(head_dim: int, theta: float, s: RopeScaling | None) -> tuple[float, ...] | None:
+    """The Python numbers a scaled variant derives from its config alone: llama3's
+    band edges (as wavelengths) and blend width, YaRN's ramp bounds; None for the
+    others. RotaryEmbedding computes them once, at construction: in a forward traced
+    by torch.compile(dynamic=True), arithmetic between float attributes is an op
+    Dynamo cannot keep symbolic (torch 2.11), so it would pin the floats and restart
+    its trace (see powers_of)."""
+    if s is None or s.rope_type == "linear":
+        return None
+    if s.rope_type == "llama3":
+        old_context = s.original_max_position_embeddings
+        return (old_context / s.low_freq_factor, old_context / s.high_freq_factor,
+                s.high_freq_factor - s.low_freq_factor)  # fmt: skip
+    return yarn_ramp_bounds(head_dim, theta, s)
+
+
+TWO_PI = 2 * math.pi
+
+
+def _llama3_inverse_frequencies(head_dim, theta, s: RopeScaling, device, constants) -> torch.Tensor:
     # Wavelengths shorter than original / high_freq_factor keep their frequency,
     # longer than original / low_freq_factor are divided by factor, and the band in
     # between is blended linearly in (original / wavelength).
     inv_freq = inverse_frequencies(head_dim, theta, device)
-    old_context = s.original_max_position_embeddings
-    low_freq_wavelen = old_context / s.low_freq_factor
-    high_freq_wavelen = old_context / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen, high_freq_wavelen, blend_width = constants
+    wavelen = TWO_PI / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / blend_width
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(medium, smoothed, scaled)
@@ -146,13 +180,17 @@ def yarn_correction_range(head_dim: int, theta: float, s: RopeScaling) -> tuple[
     return max(low, 0), min(high, head_dim - 1)
 
 
-def _yarn_inverse_frequencies(head_dim, theta, s: RopeScaling, device) -> torch.Tensor:
-    pos_freqs = theta ** (torch.arange(0, head_dim, 2, device=device).to(torch.float32) / head_dim)
+def yarn_ramp_bounds(head_dim: int, theta: float, s: RopeScaling) -> tuple[float, float]:
+    """yarn_correction_range with a one-index ramp widened to keep its slope finite."""
+    low, high = yarn_correction_range(head_dim, theta, s)
+    return (low, high + 0.001) if low == high else (low, high)
+
+
+def _yarn_inverse_frequencies(head_dim, theta, s: RopeScaling, device, ramp) -> torch.Tensor:
+    pos_freqs = powers_of(theta, torch.arange(0, head_dim, 2, device=device).to(torch.float32) / head_dim)
     extrapolated = 1.0 / pos_freqs
     interpolated = 1.0 / (s.factor * pos_freqs)
-    low, high = yarn_correction_range(head_dim, theta, s)
-    if low == high:
-        high += 0.001  # a one-index ramp: keep the slope finite
+    low, high = ramp
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp
     return interpolated * (1 - keep) + extrapolated * keep
@@ -195,12 +233,15 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, rows: torch.Ten
     return per_freq * inv_freq[None, :]
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor, attention_factor: float = 1.0) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor, attention_factor: float | None = None) -> torch.Tensor:
     """x: [T, heads, head_dim]; angles: [T, head_dim // 2]. Computed in float32;
-    cos and sin are scaled by attention_factor (YaRN's mscale)."""
+    cos and sin are scaled by attention_factor (YaRN's mscale) unless it is None.
+    None, not 1.0, says "unscaled": a test of a float against 1.0 is a branch that
+    torch.compile(dynamic=True) cannot keep symbolic, and it would restart its trace
+    with the float constant (see powers_of)."""
     cos = angles.cos()[:, None, :]
     sin = angles.sin()[:, None, :]
-    if attention_factor != 1.0:
+    if attention_factor is not None:
         cos, sin = cos * attention_factor, sin * attention_factor
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -232,6 +273,8 @@ class RotaryEmbedding(nn.Module):
         self.theta = float(theta)
         self.scaling = scaling
         self.attention_factor = 1.0 if scaling is None else float(scaling.attention_factor)
+        self.cos_sin_scale = None if self.attention_factor == 1.0 else self.attention_factor
+        self.scaling_constants = scaling_constants(head_dim, self.theta, scaling)
         self.mrope_section = None if mrope_section is None else tuple(mrope_section)
         self.mrope_interleaved = bool(mrope_interleaved)
         # Non-persistent: derived from the config, never part of a checkpoint. (The
@@ -241,13 +284,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("mrope_rows", rows, persistent=False)
 
     def inverse_frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
-        return scaled_inverse_frequencies(self.head_dim, self.theta, self.scaling, device)
+        return scaled_inverse_frequencies(self.head_dim, self.theta, self.scaling, device, self.scaling_constants)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = rope_angles(positions, self.inverse_frequencies(positions.device), self.mrope_rows)
-        return apply_rotary(q, angles, self.attention_factor), apply_rotary(k, angles, self.attention_factor)
+        return apply_rotary(q, angles, self.cos_sin_scale), apply_rotary(k, angles, self.cos_sin_scale)
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """One tensor rotated at `positions` (keys without queries)."""
         angles = rope_angles(positions, self.inverse_frequencies(positions.device), self.mrope_rows)
-        return apply_rotary(x, angles, self.attention_factor)
+        return apply_rotary(x, angles, self.cos_sin_scale)

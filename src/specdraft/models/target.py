@@ -11,7 +11,7 @@ from specdraft.models.cache_attention import cache_attention, metadata_for_layer
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import check_shareable
 from specdraft.models.kv_cache import allocate_kv_caches
-from specdraft.models.layers import DecoderLayer, RMSNorm
+from specdraft.models.layers import DecoderLayer, RMSNorm, TokenEmbedding
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -32,7 +32,7 @@ class TinyTargetModel(nn.Module):
     def __init__(self, config: DraftModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

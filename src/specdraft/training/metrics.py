@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg, number_tensor
 from specdraft.draft_confidence import row_confidence
 from specdraft.layout import sequence_of
 from specdraft.ops import truncation_cut, vocab_metrics
@@ -115,7 +115,7 @@ def _start_temperatures(temperature, total: int, like: torch.Tensor) -> torch.Te
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | torch.SymFloat | torch.Tensor):
         raise ValueError(f"temperature must be a number or an fp32 tensor, got {type(temperature).__name__}")
     if not isinstance(temperature, torch.Tensor):
-        return torch.full((1,), temperature, dtype=torch.float32, device=like.device).expand(total)
+        return number_tensor(temperature, torch.float32, like.device).expand(total)
     check_tensor_arg("temperature", temperature, torch.float32, shape=[(), (total,)], device_of=like)
     return temperature.expand(total)
 
@@ -140,10 +140,14 @@ def check_truncation_numbers(top_k, top_p, min_p) -> None:
 def _start_truncation(top_k, top_p, min_p, total: int, like: torch.Tensor):
     """(top_k int, top_p fp32, min_p fp32), each [T] (one per start; a number or a
     0-dim tensor expanded, not copied); None when all three are numbers and off."""
-    given = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    # None is off without a comparison: torch.compile(dynamic=True) traces a Python
+    # float default as a symbol, the off test below would pin it, and Dynamo would
+    # trace the whole function a second time.
+    given = {name: OFF[name] if value is None else value
+             for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}  # fmt: skip
     numbers = {name: value for name, value in given.items() if not isinstance(value, torch.Tensor)}
     check_truncation_numbers(**{**OFF, **numbers})
-    if len(numbers) == 3 and top_k <= 0 and top_p >= 1 and min_p <= 0:
+    if len(numbers) == 3 and numbers["top_k"] <= 0 and numbers["top_p"] >= 1 and numbers["min_p"] <= 0:
         return None
     columns = []
     for name, value in given.items():
@@ -151,7 +155,7 @@ def _start_truncation(top_k, top_p, min_p, total: int, like: torch.Tensor):
         if isinstance(value, torch.Tensor):
             check_tensor_arg(name, value, dtypes, shape=[(), (total,)], device_of=like)
         else:
-            value = torch.full((1,), value, dtype=dtypes[0], device=like.device)
+            value = number_tensor(value, dtypes[0], like.device)
         columns.append(value.expand(total))
     return tuple(columns)
 
@@ -172,9 +176,9 @@ def draft_metrics(
     loss_mask: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
     *,
-    top_k: int | torch.Tensor = 0,
-    top_p: float | torch.Tensor = 1.0,
-    min_p: float | torch.Tensor = 0.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     target_is_probs: bool = False,
@@ -188,9 +192,9 @@ def draft_metrics(
     with target_is_probs), fp32 / bf16 / fp16. loss_mask [T] bool or integer (None:
     every row scored). temperature: a number, a 0-dim fp32 tensor, or fp32 [T] (per
     start t); T <= 0 is greedy. top_k, top_p, min_p: the truncation of accept (module
-    docstring), each a number, a 0-dim tensor or [T] (per start; top_k int32 / int64,
-    top_p and min_p fp32; a tensor's values are not checked: ops.truncation_cut's
-    rules); off by default. d2t [Vd]: draft id i is target id i + d2t[i] (None:
+    docstring), each None (off, the default), a number, a 0-dim tensor or [T] (per
+    start; top_k int32 / int64, top_p and min_p fp32; a tensor's values are not
+    checked: ops.truncation_cut's rules). d2t [Vd]: draft id i is target id i + d2t[i] (None:
     Vd == V). cu_seqlens [B + 1] int32/int64: packed sequences (None: one sequence);
     its last entry must be T. survival: the sums of budgeted verification
     (training.budget_curve) by these estimates, [K, T] float (step k's at start t:

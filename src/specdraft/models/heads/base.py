@@ -11,7 +11,7 @@ from torch import nn
 from specdraft.models.cache_attention import cache_attention, metadata_for_layer
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.kv_cache import allocate_kv_caches, kv_cache_shape
-from specdraft.models.layers import Attend, DecoderLayer
+from specdraft.models.layers import Attend, DecoderLayer, TokenEmbedding
 
 
 class DraftHead(nn.Module):
@@ -40,7 +40,7 @@ class DraftHead(nn.Module):
     def __init__(self, config: DraftModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, config.hidden_size)
         # Names of weights neither loaded nor shared yet (set by the loader when a
         # checkpoint relies on the target's embedding / lm_head).
         self.missing_weights: frozenset[str] = frozenset()

@@ -33,7 +33,7 @@ from torch import nn
 
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.base import DraftHead
-from specdraft.models.layers import Attend, DecoderLayer, RMSNorm
+from specdraft.models.layers import Attend, DecoderLayer, RMSNorm, TokenEmbedding
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 
@@ -121,7 +121,7 @@ class MarkovHead(nn.Module):
     def __init__(self, kind: str, vocab_size: int, rank: int, hidden_size: int) -> None:
         super().__init__()
         self.kind, self.rank = kind, rank
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w1 = TokenEmbedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
         if kind == "gated":
             self.gate_proj = nn.Linear(hidden_size + rank, rank)

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import torch
 from torch.library import triton_op, wrap_triton
 
-from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg
+from specdraft.checks import FLOAT_DTYPES, INDEX_DTYPES, at_least, check_bool, check_tensor_arg, number_tensor
 
 from ..backend import NAMESPACE, TRITON_INTERPRET, use_triton
 from ..common.fastmath import FAST_LOG2
@@ -124,6 +124,6 @@ def _row_temperatures(temperature, rows, like: torch.Tensor) -> torch.Tensor:
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | torch.Tensor):
         raise ValueError(f"temperature must be a number or an fp32 tensor, got {type(temperature).__name__}")
     if not isinstance(temperature, torch.Tensor):
-        return torch.full((1,), float(temperature), dtype=torch.float32, device=like.device).expand(rows)
+        return number_tensor(temperature, torch.float32, like.device).expand(rows)
     check_tensor_arg("temperature", temperature, torch.float32, shape=[(), (rows,)], device_of=like)
     return temperature.expand(rows)
