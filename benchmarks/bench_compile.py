@@ -7,6 +7,7 @@ verify + rejection sampling + the padded propose), at the demo's sizes (the ship
     python benchmarks/bench_compile.py                 # CPU, the demo's options
     python benchmarks/bench_compile.py --device cuda
     python benchmarks/bench_compile.py --inductor-defaults   # Inductor's own CPU defaults
+    python benchmarks/bench_compile.py --inductor-defaults --dynamic --what propose   # an engine's dynamic=True propose
 
 Each measurement runs in a fresh process. cold: an empty Inductor / Triton cache
 folder (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under a new temp folder); warm: a
@@ -81,7 +82,7 @@ def first_compile_of_the_process(device: str, options) -> float:
 
 
 def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile: bool,
-          save_to: str | None = None, load_from: str | None = None, layers: int = 2) -> dict:  # fmt: skip
+          save_to: str | None = None, load_from: str | None = None, layers: int = 2, dynamic: bool = False) -> dict:  # fmt: skip
     import torch
 
     from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
@@ -126,7 +127,7 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
             )
             _, draft_hidden = decoder.run_target(token_ids, positions, metadata)
             next_tokens = token_ids.index_select(0, metadata.query_start_loc[1:].long() - 1)
-            opts = {"dynamic": False} if options is True else {"dynamic": False, **options}
+            opts = {"dynamic": dynamic} if options is True else {"dynamic": dynamic, **options}
             fn = torch.compile(proposer.propose, fullgraph=True, **opts)
 
             def call():
@@ -155,6 +156,7 @@ def child(what: str, device: str, k: int, defaults: bool, shape: str, precompile
     report["backend_s"] = top("OutputGraph.call_user_compiler")
     report["dynamo_s"] = top("_compile.compile_inner") - report["backend_s"]
     report["kernel_wait_s"] = sum(metrics.get("async_compile.wait", [0.0]))
+    report["traces"] = sum(len(v) for name, v in metrics.items() if name.startswith("compile_attempt_"))
     return report
 
 
@@ -178,6 +180,8 @@ def measure(what: str, args, cache: str, save_to: str | None = None, load_from: 
         cmd.append("--inductor-defaults")
     if args.precompile:
         cmd.append("--precompile")
+    if args.dynamic:
+        cmd.append("--dynamic")
     if save_to:
         cmd += ["--save-artifacts", save_to]
     if load_from:
@@ -205,6 +209,8 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", choices=["demo", "8b"], default="demo", help="the demo pair or 8B-shaped models")
     parser.add_argument("--layers", type=int, default=2, help="the 8B shape's target depth")
     parser.add_argument("--precompile", action="store_true", help="torch._dynamo.config.caching_precompile = True")
+    parser.add_argument("--dynamic", action="store_true", help="propose compiled with dynamic=True (the iterations "
+                        "are the decoder's own, static)")  # fmt: skip
     parser.add_argument("--artifacts", action="store_true", help="also compile from the cold run's saved artifacts, "
                         "in a new cache folder (torch.compiler.save_cache_artifacts / load_cache_artifacts)")  # fmt: skip
     parser.add_argument(CHILD, dest="child", default=None, help=argparse.SUPPRESS)
@@ -213,7 +219,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.device, args.k, args.inductor_defaults, args.shape, args.precompile,
-                               args.save_artifacts, args.load_artifacts, args.layers)))  # fmt: skip
+                               args.save_artifacts, args.load_artifacts, args.layers, args.dynamic)))  # fmt: skip
         return
 
     import torch
@@ -227,7 +233,8 @@ def main(argv=None) -> None:
     sizes = "demo sizes" if args.shape == "demo" else f"8B-shaped target ({args.layers} layers) and EAGLE-3 head, B = 8"
     print(f"Compile time, {sizes} (K = {args.k}); {args.device}: {where}; torch {torch.__version__}")
     precompile = ", Dynamo caching_precompile" if args.precompile else ""
-    print(f"options: fullgraph=True, dynamic=False, {options}{precompile}; seconds; load = 1-min load average\n")
+    print(f"options: fullgraph=True, dynamic={args.dynamic}, {options}{precompile}; seconds; load = 1-min load "
+          "average; traces: Dynamo's attempts at the frame (2: one restart)\n")  # fmt: skip
     headers = [
         "function",
         "cold s",
@@ -239,6 +246,7 @@ def main(argv=None) -> None:
         "warm Dynamo s",
         "warm backend s",
         "load (cold / warm)",
+        "traces (cold)",
     ]
     if args.artifacts:
         headers += ["from artifacts s", "artifacts MB", "artifact load s"]
@@ -254,7 +262,7 @@ def main(argv=None) -> None:
         rows.append([what, fmt(cold, "compile_s"), fmt(cold, "dynamo_s"), fmt(cold, "backend_s"),
                      fmt(cold, "kernel_wait_s"), fmt(warm, "compile_s"),
                      f"{cold['stack_s']:.1f} / {warm['stack_s']:.1f}", fmt(warm, "dynamo_s"), fmt(warm, "backend_s"),
-                     f"{cold['load']:.1f} / {warm['load']:.1f}"])  # fmt: skip
+                     f"{cold['load']:.1f} / {warm['load']:.1f}", str(cold["traces"])])  # fmt: skip
         if args.artifacts:
             rows[-1] += [fmt(loaded, "compile_s"), f"{cold['artifact_bytes'] / 1e6:.2f}", fmt(loaded, "load_s")]
         print(f"  {what}: cold {cold['compile_s']:.1f} s, warm {warm['compile_s']:.1f} s", file=sys.stderr, flush=True)
@@ -267,6 +275,8 @@ def main(argv=None) -> None:
               "options": label + (" + caching_precompile" if args.precompile else "")}  # fmt: skip
     if args.artifacts:
         config["artifacts"] = True
+    if args.dynamic:
+        config["dynamic"] = True  # rows without it: dynamic=False
     if args.shape == "8b":
         config["target_layers"] = args.layers  # rows without it: 2
     if os.environ.get("PYTHONPYCACHEPREFIX") and not os.environ.get("PYTHONDONTWRITEBYTECODE"):

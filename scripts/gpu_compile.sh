@@ -5,6 +5,8 @@
 #                                          # training-eval and metrics tests on CUDA
 #   bash scripts/gpu_compile.sh compile    # benchmarks/bench_compile.py at the 8B shape, 32 target
 #                                          # layers: plain and speculative iteration, cold and warm
+#   bash scripts/gpu_compile.sh dynamic    # bench_compile.py: the 8B-shaped EAGLE-3 propose under plain
+#                                          # torch.compile(dynamic=True), cold and warm, and its Dynamo traces
 #   bash scripts/gpu_compile.sh roofline   # bench_roofline.py's runtimes (kernel form, N = 1 and 16)
 #   bash scripts/gpu_compile.sh bytecode   # the compile stage with Python bytecode caches, as a pip-installed
 #                                          # torch has them (the device machine's torch has none and sets
@@ -45,6 +47,8 @@ case "$stage" in
     tests) tests ;;
     compile) each_tree bench_compile ${COMPILE_TIMEOUT:-270} python3 bench_compile.py --device cuda --shape 8b \
                  --layers 32 --what "plain iteration" "speculative iteration" ;;
+    dynamic) each_tree bench_compile_dynamic ${COMPILE_TIMEOUT:-270} python3 bench_compile.py --device cuda --shape 8b \
+                 --inductor-defaults --dynamic --what propose "probabilistic propose" ;;
     roofline) each_tree bench_roofline ${ROOFLINE_TIMEOUT:-150} python3 bench_roofline.py --tokens 1 16 --forms kernel ;;
     bytecode)
         echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}" | tee -a "$OUT/gpu.txt"
@@ -69,5 +73,5 @@ case "$stage" in
             echo "eval8b $run: exit $?, $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s wall"
             grep "tokens/s" "$OUT/eval8b_$run.log"
         done ;;
-    *) echo "unknown stage $stage (tests | compile | roofline | bytecode | eval8b)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests | compile | dynamic | roofline | bytecode | eval8b)"; exit 2 ;;
 esac
