@@ -7,7 +7,8 @@ parts of a layer are regions. In eager mode a region is a plain call.
 SPECDRAFT_COMPILE_REGIONS=0 (read at import) turns them off.
 
 Two kinds of region:
-- the paged attention and the MLP, always (models.cache_attention, layers.SwiGLU);
+- the paged attention and the MLP, always but in a trace with dynamic shapes
+  (models.cache_attention, layers.SwiGLU; see tracing_dynamic_shapes);
 - a layer's parts before and after its attention (the norms, projections and RoPE;
   o_proj, the residual and the MLP: layers.DecoderLayer), only inside
   `layer_regions()`, which SpeculativeDecoder's compiled calls run in (static
@@ -54,11 +55,22 @@ def compile_region(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or tracing_dynamic_shapes():
             return fn(*args, **kwargs)
         return region(*args, **kwargs)
 
     return call
+
+
+def tracing_dynamic_shapes() -> bool:
+    """Whether torch.compile(dynamic=True) is tracing (it turns Dynamo's
+    assume_static_by_default off for its trace; Dynamo reads the setting as a
+    constant, so the test is free). Such a trace inlines every region: torch 2.11's
+    Inductor cannot compile one there (the split-KV attention region of an 8B-shaped
+    propose compiled with dynamic=True sized a buffer by a symbol it never received:
+    NameError "s91 is not defined" on the first call, on CUDA). Sizes are not asked
+    directly: Dynamo answers isinstance(size, torch.SymInt) with False while tracing."""
+    return not torch._dynamo.config.assume_static_by_default
 
 
 LAYER_REGIONS = False  # see layer_regions(); module state that Dynamo guards on
