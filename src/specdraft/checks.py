@@ -207,8 +207,12 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
 
 def number_tensor(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[1] tensor of `dtype` holding a Python number argument (a temperature, a
-    top-p), equal to torch.full((1,), value, dtype=dtype). Built as ones * value:
-    torch.compile(dynamic=True) traces a float argument as a symbol, which a product
-    with a tensor keeps symbolic, while torch.full (or float(value)) pins it to its
-    value and makes Dynamo throw the whole trace away and start again."""
-    return torch.ones((1,), dtype=dtype, device=device) * value
+    top-p, a top-k), equal to torch.full((1,), value, dtype=dtype). A float is built
+    as ones * value: torch.compile(dynamic=True) traces a float argument as a symbol,
+    which a product with a tensor keeps symbolic, while torch.full (or float(value))
+    pins it to its value and makes Dynamo throw the whole trace away and start again.
+    An int goes through torch.full, which refuses one its dtype cannot hold (a
+    product would wrap it around silently)."""
+    if isinstance(value, float):
+        return torch.ones((1,), dtype=dtype, device=device) * value
+    return torch.full((1,), value, dtype=dtype, device=device)
