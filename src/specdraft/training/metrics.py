@@ -120,7 +120,12 @@ def _start_temperatures(temperature, total: int, like: torch.Tensor) -> torch.Te
     return temperature.expand(total)
 
 
-OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}  # each truncation parameter's off value
+def off_value(name: str) -> int | float:
+    """The truncation parameter's off value (top_k 0, top_p 1.0, min_p 0.0). Literals
+    in code, not a module-level table: torch.compile(dynamic=True) traces a float
+    read from a module's dict as a symbol, and comparing it would pin it and make
+    Dynamo trace the whole function a second time."""
+    return 0 if name == "top_k" else (1.0 if name == "top_p" else 0.0)
 
 
 def check_truncation_numbers(top_k, top_p, min_p) -> None:
@@ -143,10 +148,12 @@ def _start_truncation(top_k, top_p, min_p, total: int, like: torch.Tensor):
     # None is off without a comparison: torch.compile(dynamic=True) traces a Python
     # float default as a symbol, the off test below would pin it, and Dynamo would
     # trace the whole function a second time.
-    given = {name: OFF[name] if value is None else value
+    if top_k is None and top_p is None and min_p is None:
+        return None
+    given = {name: off_value(name) if value is None else value
              for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}  # fmt: skip
     numbers = {name: value for name, value in given.items() if not isinstance(value, torch.Tensor)}
-    check_truncation_numbers(**{**OFF, **numbers})
+    check_truncation_numbers(**{name: off_value(name) for name in given} | numbers)
     if len(numbers) == 3 and numbers["top_k"] <= 0 and numbers["top_p"] >= 1 and numbers["min_p"] <= 0:
         return None
     columns = []
