@@ -17,10 +17,6 @@ from fixtures.lanes import INTERPRETER
 
 # The interpreter emulates every lane of a kernel in NumPy: half the profile's examples there.
 EXAMPLES = settings.default.max_examples // 2 if INTERPRETER else settings.default.max_examples
-# A dynamic compile traces draft_metrics once on torch 2.13. Torch 2.11 (the GPU lane)
-# pins top_p's and min_p's Python-number values where the argument checks compare
-# them, and traces a second time (measured on the H200); the graph is the same.
-TRACES_ONCE = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13)
 
 EXACT_FIELDS = ("count", "matches", "accepted_prefix", "starts")
 FLOAT_FIELDS = ("accept", "cross_entropy", "kl")
@@ -187,7 +183,7 @@ def test_compiled_fullgraph_without_recompiles_across_lengths(device):
             for got, want in zip(compiled(*args), evaluate(*args), strict=True):
                 for a, b in zip(got, want, strict=True):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
-    assert counts.graph_breaks == 0 and counts.compiles == 1 and (counts.restarts == 0 or not TRACES_ONCE)
+    assert counts.graph_breaks == 0 and counts.compiles == 1 and counts.restarts == 0
 
 
 def test_logits_that_require_grad_are_evaluated_without_autograd_state():
@@ -231,7 +227,7 @@ def test_one_graph_from_a_single_sequence_on(device):
             args = to(device, *make_batch(seed, 3, seq_lens, 23, 17, use_map=True))
             for a, b in zip(compiled(*args), evaluate(*args), strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
-    assert counts.graph_breaks == 0 and counts.compiles == 1 and (counts.restarts == 0 or not TRACES_ONCE)
+    assert counts.graph_breaks == 0 and counts.compiles == 1 and counts.restarts == 0
 
 
 # (top_k, top_p, min_p) of the truncation tests: each rule alone, and all three
@@ -319,7 +315,7 @@ def test_truncated_metrics_compile_fullgraph_once(device):
                                                                            strict=True):  # fmt: skip
                 assert min(margins) > 1e-4
                 assert_truncated_sums(DraftMetricSums(*to("cpu", *sums)), want, untruncated, divergence)
-    assert counts.graph_breaks == 0 and counts.compiles == 1 and (counts.restarts == 0 or not TRACES_ONCE)
+    assert counts.graph_breaks == 0 and counts.compiles == 1 and counts.restarts == 0
 
 
 def test_truncation_arguments_are_checked():
