@@ -186,11 +186,11 @@ def yarn_ramp_bounds(head_dim: int, theta: float, s: RopeScaling) -> tuple[float
     return (low, high + 0.001) if low == high else (low, high)
 
 
-def _yarn_inverse_frequencies(head_dim, theta, s: RopeScaling, device, ramp) -> torch.Tensor:
+def _yarn_inverse_frequencies(head_dim, theta, s: RopeScaling, device, bounds) -> torch.Tensor:
     pos_freqs = powers_of(theta, torch.arange(0, head_dim, 2, device=device).to(torch.float32) / head_dim)
     extrapolated = 1.0 / pos_freqs
     interpolated = 1.0 / (s.factor * pos_freqs)
-    low, high = ramp
+    low, high = bounds  # yarn_ramp_bounds
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp
     return interpolated * (1 - keep) + extrapolated * keep
