@@ -13,6 +13,14 @@ plain and fixed K. Every row's output is checked against plain decoding.
     python3 benchmarks/bench_budget.py --only fixed:3 tree:4 tree-budget:4:1 tree-budget:4:3
     python3 benchmarks/bench_budget.py --smoke                  # CPU, eager, a check of the script
     python benchmarks/bench_budget.py --write-costs             # the table -> the package's demo pair step costs
+    python3 benchmarks/bench_budget.py --side-by-side --batch-sizes 1 16 256   # one process, interleaved rounds
+
+--side-by-side (table `budget_side_by_side`): plain decoding, fixed K = 1 and 3 and a
+budget of 2B drafts compiled once each in one process and timed in interleaved rounds;
+a StepCosts table from those rounds; "auto", a decoder given that table; then every
+decoder, auto included, timed again side by side (the rows). A configuration measures
+up to 30% apart in two processes on this launch-bound pair, so only rates of the same
+rounds are compared.
 
 Rows go to the `budget` table (benchmarks/record.py; not with --smoke). --write-costs
 (no GPU, nothing timed) builds the StepCosts of the newest rows of one device
@@ -166,6 +174,102 @@ def auto_row(device, batch: int, rows, compile, max_new: int, repeats: int, want
             "vs_best": rate / baseline["decode_tokens_per_s"]}  # fmt: skip
 
 
+SIDE_BY_SIDE = (("plain", 0, None), ("fixed", 1, None), ("fixed", K, None), ("budget", K, 2))  # budget: x B
+
+
+def timed_run(decoder, prompts, max_new: int) -> tuple[list, object]:
+    result = decoder.generate(prompts, max_new_tokens=max_new)
+    return [t.tolist() for t in result.tokens], result.stats
+
+
+def interleaved(decoders: dict, prompts, max_new: int, rounds: int) -> dict:
+    """`rounds` rounds of one generate call per decoder, the order rotated every round
+    (so that no configuration always runs first or after the same one): {name: [stats
+    of each round]}."""
+    names, runs = list(decoders), {name: [] for name in decoders}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(timed_run(decoders[name], prompts, max_new))
+    return runs
+
+
+def summary(batch: int, name: str, k: int, budget, runs, want) -> dict:
+    """A side-by-side row: the median round's decode tokens/s, its ms per iteration,
+    the spread between the rounds' quartiles, and whether every round was lossless."""
+    rates = sorted(float(stats.decode_tokens_per_s) for _, stats in runs)
+    median = rates[len(rates) // 2]
+    stats = next(stats for _, stats in runs if float(stats.decode_tokens_per_s) == median)
+    passes = max(int(stats.num_verify_passes), 1)
+    quartiles = (rates[(3 * len(rates)) // 4] - rates[len(rates) // 4]) / median
+    return {
+        "B": batch, "mode": name, "k": k, "budget": budget, "decode_tokens_per_s": median,
+        "ms_per_iteration": 1e3 * float(stats.decode_time_s) / passes,
+        "acceptance_length": float(stats.mean_acceptance_length) if k else 1.0,
+        "accepted_per_position": stats.accepted_per_position.tolist() if k else [],
+        "tested_per_position": stats.tested_per_position.tolist() if k else [],
+        "quartile_spread": quartiles, "lossless": all(tokens == want for tokens, _ in runs),
+    }  # fmt: skip
+
+
+def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int) -> list[dict]:
+    """Plain decoding, fixed K = 1 and 3 and a budget of 2B drafts (K = 3), each compiled
+    once, in one process and timed in interleaved rounds; a StepCosts table from those
+    rounds; a decoder given that table ("auto") compiled too; then every decoder,
+    auto included, timed again in interleaved rounds (the rows reported). Auto's row
+    says what it ran (its choice, run as plain decoding, the fixed-K iteration or a
+    budget) and its rate against the best of plain and fixed K of the same rounds."""
+    from specdraft.demo import run_as
+
+    prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
+    torch._dynamo.reset()
+    decoders, shapes = {}, {}
+    for mode, k, fraction in SIDE_BY_SIDE:
+        budget = None if fraction is None else fraction * batch
+        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget)
+        name = mode if mode == "plain" else f"{mode} k={k}" + ("" if budget is None else f" budget={budget}")
+        decoders[name], shapes[name] = (plain if mode == "plain" else spec), (mode, k, budget)
+        timed_run(decoders[name], prompts, max_new)  # compile, record the CUDA graphs
+    want = timed_run(decoders["plain"], prompts, max_new)[0]
+    first = interleaved(decoders, prompts, max_new, rounds)
+    measured = [summary(batch, *shapes[name], first[name], want) for name in decoders]
+    costs = costs_of(measured, "this run")
+    _, decoders["auto"] = build_decoders(device, K, batch, compile, budget=costs)
+    timed_run(decoders["auto"], prompts, max_new)
+    shapes["auto"] = ("auto", K, None)
+    second = interleaved(decoders, prompts, max_new, rounds)
+    rows = [summary(batch, *shapes[name], second[name], want) for name in decoders]
+    auto, baselines = rows[-1], [r for r in rows if r["mode"] in ("plain", "fixed")]
+    best = max(baselines, key=lambda r: r["decode_tokens_per_s"])
+    auto.update(k=decoders["auto"].k, budget=decoders["auto"].budget, run_as=run_as(decoders["auto"]),
+                best_baseline=best["mode"] + (f" k={best['k']}" if best["k"] else ""),
+                vs_best=auto["decode_tokens_per_s"] / best["decode_tokens_per_s"])  # fmt: skip
+    return rows
+
+
+def side_by_side(args, device, compile, name: str) -> int:
+    print(f"{name} (torch {torch.__version__}); demo pair, greedy, {args.max_new_tokens} new tokens per request; "
+          f"each configuration compiled once in this process, {args.rounds} interleaved rounds, the median round\n")  # fmt: skip
+    print("| B | plain | fixed K = 1 | fixed K = 3 | budget 2B (K = 3) | auto: runs as | auto | auto / best of "
+          "plain and fixed K | quartile spreads | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for batch in args.batch_sizes:
+        rows = side_by_side_batch(device, batch, compile, args.max_new_tokens, args.rounds)
+        ok &= all(r["lossless"] for r in rows)
+        auto = rows[-1]
+        rates = " | ".join(f"{r['decode_tokens_per_s']:,.0f}" for r in rows[:-1])
+        spreads = " / ".join(f"{r['quartile_spread']:.0%}" for r in rows)
+        print(f"| {batch} | {rates} | {auto['run_as']} | {auto['decode_tokens_per_s']:,.0f} | {auto['vs_best']:.3f} "
+              f"| {spreads} | {'yes' if all(r['lossless'] for r in rows) else 'FAIL'} |", flush=True)  # fmt: skip
+        if not args.smoke:
+            for r in rows:
+                config = {key: r[key] for key in ("B", "mode", "k", "budget")}
+                config.update(max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+                metrics = {key: v for key, v in r.items() if key not in config}
+                append_rows("budget_side_by_side", [(config, metrics)], device=name)
+    return 0 if ok else 1
+
+
 def write_costs(device_name: str | None) -> int:
     rows = [r for r in latest(read_rows("budget", RESULTS)) if r["config"]["mode"] != "auto"]
     device_name = device_name or rows[-1]["device"]
@@ -190,6 +294,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON (after every batch size)")
     parser.add_argument("--write-costs", action="store_true", help=f"write {COSTS_FILE.name} from the table, then exit")
     parser.add_argument("--device-name", help="--write-costs: the device whose rows to use")
+    parser.add_argument("--side-by-side", action="store_true", help="plain, fixed K, a budget and auto in one "
+                        "process, interleaved rounds (table budget_side_by_side)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=9, help="--side-by-side: interleaved rounds (the median)")
     args = parser.parse_args(argv)
     if args.write_costs:
         return write_costs(args.device_name)
@@ -199,6 +306,13 @@ def main(argv=None) -> int:
     max_new = 8 if args.smoke else args.max_new_tokens
     repeats = 1 if args.smoke else args.repeats
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    if args.side_by_side:
+        # Every configuration's iteration stays compiled at once: more graphs of one code
+        # object than Dynamo's default limit (8).
+        torch._dynamo.config.recompile_limit = 64
+        if args.smoke:
+            args.batch_sizes, args.max_new_tokens, args.rounds = batch_sizes, max_new, 3
+        return side_by_side(args, device, compile, name)
     torch._logging.set_logs(perf_hints=True)  # a graph that falls back from CUDA graphs says why (stderr)
     print(f"{name} (torch {torch.__version__}); demo pair, greedy, {max_new} new tokens per request, median of "
           f"{repeats} timed calls\n")  # fmt: skip

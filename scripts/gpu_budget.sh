@@ -15,6 +15,8 @@
 #   bash scripts/gpu_budget.sh projection  # the offline budget curve's tests on CUDA (the evaluator, draft_metrics,
 #                                          # the eval CLI), then benchmarks/bench_budget_8b.py (the 8B-shaped
 #                                          # projection by batch size) on GPU 0
+#   bash scripts/gpu_budget.sh side [TIMEOUT]   # the budget-table tests on CUDA, then bench_budget.py --side-by-side
+#                                          # (one process, interleaved rounds) at B = $BENCH_SIZES (default 1 16 256)
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -96,8 +98,21 @@ projection() {
         > "$OUT/bench_budget_8b.log" 2>&1
     echo "bench_budget_8b: exit $?"; grep -v "^|" "$OUT/bench_budget_8b.log" | tail -12; grep "^|" "$OUT/bench_budget_8b.log"
 }
+side() {
+    if [ -z "${SKIP_TESTS:-}" ]; then
+        CUDA_VISIBLE_DEVICES=0 SPECDRAFT_DEVICE=cuda timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider \
+            -m "not interpreter" -rf tests/generation/test_step_costs.py tests/generation/test_budget.py \
+            > "$OUT/tests_step_costs.log" 2>&1
+        echo "step-cost and budget tests: exit $?"; tail -6 "$OUT/tests_step_costs.log"
+    fi
+    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side \
+        --batch-sizes ${BENCH_SIZES:-1 16 256} > "$OUT/bench_side_by_side.log" 2>&1
+    echo "bench_budget --side-by-side: exit $?"; grep -v "^|" "$OUT/bench_side_by_side.log" | tail -12
+    grep "^|" "$OUT/bench_side_by_side.log"
+}
 case "$stage" in
 tests) tests ;;
+side) side "$@" ;;
 projection) projection ;;
 trees) trees "$@" ;;
 bench) bench "$@" ;;

@@ -226,6 +226,16 @@ def describe_drafter(head, name: str) -> str:
     return f"{name} head ({layers} layer{'s' if layers > 1 else ''}, block {block.block_size}{markov})"
 
 
+def run_as(decoder) -> str:
+    """What the speculative decoder's last run did: a budget table's choice runs as
+    plain decoding or the fixed-K iteration where it is one of those."""
+    if decoder.proposer is None:
+        return "plain decoding"
+    if decoder.budget is None:
+        return f"fixed K = {decoder.k}"
+    return f"K = {decoder.k}, budget {decoder.budget}"
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_writable("--json", args.json)
@@ -250,7 +260,11 @@ def run_demo(args: argparse.Namespace) -> int:
             raise ValueError(f"--budget auto: the demo pair's step costs draft up to K = {budget.max_k} (pass --k "
                              f"{budget.max_k} or more)")  # fmt: skip
         k, drafts = choose_budget(len(prompts), budget)
-        what = "plain decoding" if k == 0 else f"{k} drafts per request, at most {drafts} verified per iteration"
+        what = (
+            "plain decoding" if k == 0
+            else f"{k} drafts per request, all verified (the fixed-K iteration)" if drafts >= k * len(prompts)
+            else f"{k} drafts per request, at most {drafts} verified per iteration"
+        )  # fmt: skip
         print(f"--budget auto: at B = {len(prompts)} the step costs measured on the {budget.device} pick {what}")
     plain, spec = build_decoders(device, args.k, len(prompts), compile, tree=args.tree, drafter=args.drafter,
                                  budget=budget, calibration=args.calibration)  # fmt: skip
@@ -293,7 +307,7 @@ def run_demo(args: argparse.Namespace) -> int:
     total = sum(len(t) for t in plain_out.tokens)
     record = {
         "drafter": args.drafter, "device": str(device), "compiled": compile is not False, "k": k,
-        "budget": None if budget is None else spec.budget, "calibration": args.calibration,
+        "budget": None if budget is None else spec.budget, "run_as": run_as(spec), "calibration": args.calibration,
         "tree": None if args.tree is None else [args.tree.depth, args.tree.topk, args.tree.num_verify_tokens],
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "tokens": total,
         "greedy_identical": diff is None,
@@ -316,7 +330,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if not args.no_sampled:
         # Eager: the sampled iteration (the full rejection sampler) would be a third compile.
         if args.tree is None:
-            eager = SpeculativeDecoder(spec.target, spec.proposer, budget=budget, calibration=args.calibration)
+            eager = SpeculativeDecoder(spec.target, spec.full_proposer, budget=budget, calibration=args.calibration)
         else:
             eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree, budget=budget)
         seeds = torch.arange(args.seed, args.seed + len(prompts))

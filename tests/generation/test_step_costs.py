@@ -138,12 +138,15 @@ def test_decoder_takes_the_tables_choice(build, pair):
     plain = decoder_with(build, target, table(b4={PLAIN: 1.0, (3, 4): 3.0, (3, 12): 5.0}))
     got = plain.generate(PROMPTS, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in got.tokens] == want
-    assert plain.budget == 0 and int(got.stats.verified_per_request.sum()) == 0
+    # Plain decoding itself: no proposer for the run (no draft prefill or pass).
+    assert (plain.proposer, plain.k, plain.budget) == (None, 0, None)
+    assert int(got.stats.verified_per_request.sum()) == 0
 
     full = decoder_with(build, target, table(b4={PLAIN: 1.0, (3, 4): 1.01, (3, 12): 1.02}))
     got = full.generate(PROMPTS, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in got.tokens] == want
-    assert (full.k, full.budget) == (3, 12)
+    # A budget of every draft (B * K) runs as the fixed-K iteration.
+    assert (full.proposer, full.k, full.budget) == (full.full_proposer, 3, None)
     assert torch.equal(got.stats.verified_per_request, K * got.stats.request_passes)
     # The run's own conditional rates replace the table's for the next run.
     accepted, tested = got.stats.accepted_per_position, got.stats.tested_per_position
@@ -179,13 +182,29 @@ def test_every_choice_of_a_small_table_is_lossless(build, pair):
     target, want = pair
     decoder = decoder_with(build, target, table(b4={PLAIN: 1.0}))
     decoder.budget_policy = None  # each run takes the choice set below, not the table's
+    num_reqs = len(PROMPTS)
     for choice in itertools.chain([PLAIN], [Choice(k, b) for k in (1, 2, 3) for b in range(1, 4 * k + 1, 3)]):
-        decoder.take_choice(choice)
+        decoder.take_choice(choice, num_reqs)
         got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
         assert [t.tolist() for t in got.tokens] == want, choice
-        assert (decoder.k, decoder.budget) == (choice.k or K, choice.budget)
-        assert got.stats.accepted_per_position.shape == (choice.k or K,)
+        every_draft = choice != PLAIN and choice.budget >= num_reqs * choice.k
+        assert decoder.k == choice.k and decoder.budget == (None if every_draft else choice.budget or None)
+        assert got.stats.accepted_per_position.shape == (choice.k,)
         assert int(got.stats.iteration_verified.sum(1).max()) <= choice.budget
+        if every_draft:  # the fixed-k iteration: every request verifies k drafts a pass
+            assert torch.equal(got.stats.verified_per_request, choice.k * got.stats.request_passes)
+
+
+def test_a_calibrated_table_keeps_the_budgeted_iteration(build, pair):
+    """With calibration on, a budget of every draft still runs the budgeted iteration
+    (the only one that keeps the running rates)."""
+    target, want = pair
+    proposer = build.make_proposer("eagle", target, K, max_model_len=MAX_MODEL_LEN, copy=True, noise=0.1,
+                                   return_draft_confidence=True)  # fmt: skip
+    decoder = SpeculativeDecoder(target, proposer, budget=table(b4={PLAIN: 1.0, (3, 12): 0.5}), calibration=0.5)
+    got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in got.tokens] == want
+    assert (decoder.k, decoder.budget) == (3, 12)
 
 
 def test_choice_stays_unless_another_is_clearly_faster(build, pair):

@@ -94,7 +94,9 @@ class SpeculativeDecoder(RunBudget):
     B + min(budget, B * K) rows; 0 decodes plainly (no draft pass). Or a StepCosts
     table (generation/step_costs.py): each run takes the budget with the most expected
     tokens per second at its batch size, from the table's measured iteration times and
-    the acceptance rates of the decoder's last run (the table's own at first). Needs a
+    the acceptance rates of the decoder's last run (the table's own at first), and runs
+    it as plain decoding or the fixed-k iteration where it is one of those
+    (run_budget.take_choice). Needs a
     chain or block proposer returning survival estimates
     (SpeculativeConfig(return_draft_confidence=True), or a DSpark confidence head).
     calibration: None, or with a budget the newest pass's weight in (0, 1] of running
@@ -210,8 +212,9 @@ class SpeculativeDecoder(RunBudget):
     # --------------------------------------------------------------- one pass
 
     def run_target(self, token_ids, positions, metadata):
-        """(final hidden [T, H], what the draft reads [T, H or 3H])."""
-        if self.aux_layers:
+        """(final hidden [T, H], what the draft reads [T, H or 3H]; plain decoding:
+        no aux layers)."""
+        if self.aux_layers and self.proposer is not None:
             hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches, aux_layers=self.aux_layers)
         else:
             hidden, aux = self.target(token_ids, positions, metadata, self.target_kv_caches)
@@ -372,7 +375,7 @@ class SpeculativeDecoder(RunBudget):
         max_new_tokens, or max_model_len total tokens. See `generate` for the arguments;
         progress: True (a bar labelled "generate") or the bar's label."""
         if isinstance(self.budget_policy, StepCosts):
-            self.take_choice(self.choose_for_run(len(prompts)))
+            self.take_choice(self.choose_for_run(len(prompts)), len(prompts))
         prompts, requests = self.requests(prompts, max_new_tokens, sampling, eos_token_id)
         if hasattr(self.proposer, "reset_cache"):
             self.proposer.reset_cache()  # the multi-layer proposer's per-row shift cache

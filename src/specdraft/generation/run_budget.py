@@ -32,15 +32,23 @@ class RunBudget:
         self.run_choices[num_reqs] = best
         return best
 
-    def take_choice(self, choice: Choice) -> None:
-        """A budget table's choice for the next run: PLAIN (budget 0: no draft pass) or
-        k drafts per request with a budget (a proposer drafting k, kept per k so that
-        a compiled iteration sees the same object again)."""
-        proposer = self.full_proposer
-        k = proposer.num_speculative_tokens if choice == PLAIN else choice.k
-        if k not in self.fewer_drafts:
-            self.fewer_drafts[k] = proposer.with_num_drafts(k)
-        self.proposer, self.k, self.budget = self.fewer_drafts[k], k, choice.budget
+    def take_choice(self, choice: Choice, num_reqs: int) -> None:
+        """A budget table's choice for the next run of num_reqs requests, run as the
+        cheapest iteration that does it: PLAIN as plain decoding (no proposer for the
+        run: no draft prefill, no draft pass); a budget of every draft (B * k or more)
+        as the fixed-k iteration, which it equals token for token, without the
+        allocation and the packing (with calibration on, the budgeted one, which keeps
+        the running rates); otherwise k drafts per request under the budget. The
+        proposer drafting k is kept per k, so that a compiled iteration sees the same
+        object again."""
+        if choice == PLAIN:
+            self.proposer, self.k, self.budget = None, 0, None
+            return
+        if choice.k not in self.fewer_drafts:
+            self.fewer_drafts[choice.k] = self.full_proposer.with_num_drafts(choice.k)
+        every_draft = choice.budget >= num_reqs * choice.k and self.calibration is None
+        self.proposer, self.k = self.fewer_drafts[choice.k], choice.k
+        self.budget = None if every_draft else choice.budget
 
     def learn_rates(self, stats: GenerationStats) -> None:
         """The next run's acceptance estimate: this run's conditional rates per position
