@@ -106,7 +106,7 @@ side() {
         echo "step-cost and budget tests: exit $?"; tail -6 "$OUT/tests_step_costs.log"
     fi
     CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side \
-        --batch-sizes ${BENCH_SIZES:-1 16 256} > "$OUT/bench_side_by_side.log" 2>&1
+        --batch-sizes ${BENCH_SIZES:-1 16 256} --rounds ${ROUNDS:-21} > "$OUT/bench_side_by_side.log" 2>&1
     echo "bench_budget --side-by-side: exit $?"; grep -v "^|" "$OUT/bench_side_by_side.log" | tail -12
     grep "^|" "$OUT/bench_side_by_side.log"
 }

@@ -145,8 +145,9 @@ def test_decoder_takes_the_tables_choice(build, pair):
     full = decoder_with(build, target, table(b4={PLAIN: 1.0, (3, 4): 1.01, (3, 12): 1.02}))
     got = full.generate(PROMPTS, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in got.tokens] == want
-    # A budget of every draft (B * K) runs as the fixed-K iteration.
-    assert (full.proposer, full.k, full.budget) == (full.full_proposer, 3, None)
+    # A budget of every draft (B * K) runs as the fixed-K iteration, without the draft's confidence.
+    assert (full.k, full.budget) == (3, None) and full.proposer.model is full.full_proposer.model
+    assert not full.proposer.config.return_draft_confidence and full.full_proposer.config.return_draft_confidence
     assert torch.equal(got.stats.verified_per_request, K * got.stats.request_passes)
     # The run's own conditional rates replace the table's for the next run.
     accepted, tested = got.stats.accepted_per_position, got.stats.tested_per_position

@@ -131,7 +131,7 @@ class SpeculativeDecoder(RunBudget):
         self.calibration = check_calibration(calibration, budget)
         self.budget = budget if isinstance(budget, int) else None  # a StepCosts table chooses it per run
         self.acceptance_rates = budget.rates if isinstance(budget, StepCosts) else None
-        self.full_proposer, self.fewer_drafts = proposer, {}  # a table may choose fewer drafts per run
+        self.full_proposer, self.fewer_drafts = proposer, {}  # a table's choices' proposers, by (k, fixed)
         self.run_choices: dict[int, Choice] = {}  # a table's choice per batch size, kept between runs
         self.target = target
         self.proposer = proposer

@@ -4,10 +4,23 @@ proposer drafting that many tokens, and the acceptance rates the next run's choi
 reads. A mixin of SpeculativeDecoder (its full_proposer, budget_policy,
 acceptance_rates, run_choices and fewer_drafts)."""
 
+import copy
+import dataclasses
+
 from .stats import GenerationStats
 from .step_costs import PLAIN, Choice, conditional_rates, predicted_rates
 
 SWITCH_MARGIN = 0.05  # a budget table's choice changes when another is expected this much faster
+
+
+def without_draft_confidence(proposer):
+    """A shallow copy of proposer (head and KV caches shared) whose config does not ask
+    for the draft's confidence (a DSpark confidence head still computes its own)."""
+    if not proposer.config.return_draft_confidence:
+        return proposer
+    plain = copy.copy(proposer)
+    plain.config = dataclasses.replace(proposer.config, return_draft_confidence=False)
+    return plain
 
 
 class RunBudget:
@@ -37,17 +50,20 @@ class RunBudget:
         cheapest iteration that does it: PLAIN as plain decoding (no proposer for the
         run: no draft prefill, no draft pass); a budget of every draft (B * k or more)
         as the fixed-k iteration, which it equals token for token, without the
-        allocation and the packing (with calibration on, the budgeted one, which keeps
-        the running rates); otherwise k drafts per request under the budget. The
-        proposer drafting k is kept per k, so that a compiled iteration sees the same
-        object again."""
+        allocation and the packing, and without the draft's confidence (with
+        calibration on, the budgeted one, which keeps the running rates); otherwise k
+        drafts per request under the budget. The proposer drafting k is kept per (k,
+        fixed or budgeted), so that a compiled iteration sees the same object again."""
         if choice == PLAIN:
             self.proposer, self.k, self.budget = None, 0, None
             return
-        if choice.k not in self.fewer_drafts:
-            self.fewer_drafts[choice.k] = self.full_proposer.with_num_drafts(choice.k)
         every_draft = choice.budget >= num_reqs * choice.k and self.calibration is None
-        self.proposer, self.k = self.fewer_drafts[choice.k], choice.k
+        key = (choice.k, every_draft)
+        if key not in self.fewer_drafts:
+            self.fewer_drafts[key] = self.full_proposer.with_num_drafts(choice.k)
+            if every_draft:  # the fixed-k iteration ranks nothing: no draft confidence
+                self.fewer_drafts[key] = without_draft_confidence(self.fewer_drafts[key])
+        self.proposer, self.k = self.fewer_drafts[key], choice.k
         self.budget = None if every_draft else choice.budget
 
     def learn_rates(self, stats: GenerationStats) -> None:
