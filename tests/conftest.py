@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from fixtures import compile_profile  # noqa: E402
+from fixtures import compile_profile, interpreter_calls  # noqa: E402
 from fixtures.lanes import DEVICE, INTERPRETER  # noqa: E402
 
 # ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
@@ -63,6 +63,8 @@ def share_cores_between_workers() -> None:
 
 def pytest_configure(config):
     share_cores_between_workers()
+    if INTERPRETER:
+        interpreter_calls.install()  # nested @triton.jit calls without a redundant patch scan
     compile_profile.register(config)  # SPECDRAFT_TEST_PROFILE=DIR only
 
 
