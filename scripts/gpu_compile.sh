@@ -15,6 +15,7 @@
 #   bash scripts/gpu_compile.sh eval8b     # the eval CLI at the 8B shape (scripts/eval_8b_shards.py: 8 shards of
 #                                          # 2 x 2k tokens, K = 7): its first shard cold (a fresh Inductor and
 #                                          # Triton cache), warm (the same caches again), and cold with --budget
+#                                          # (EVAL_RUNS="cold" for the first alone)
 # OLD_SRC=<folder holding an older specdraft package> runs the compile / roofline stage on
 # that tree first (PYTHONPATH), then on this one: a before / after on one machine. Rows
 # record BENCH_COMMIT (this tree) and OLD_COMMIT (the older one).
@@ -63,7 +64,7 @@ case "$stage" in
     eval8b)
         timeout 150 python3 scripts/eval_8b_shards.py /tmp/e8b --sequences 2 2 2 2 2 2 2 2 > "$OUT/shards.log" 2>&1
         echo "shards: exit $?"; tail -2 "$OUT/shards.log"
-        for run in cold warm budget_cold; do
+        for run in ${EVAL_RUNS:-cold warm budget_cold}; do
             cache=$OUT/cache_cold extra=()  # warm: the cold run's caches again
             [ "$run" = budget_cold ] && cache=$OUT/cache_budget extra=(--budget 3.5)
             start=$(date +%s.%N)
