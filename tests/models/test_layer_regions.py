@@ -104,16 +104,14 @@ def test_switch_is_guarded():
     assert inside.tolist() == [1.0, 1.0] and outside.tolist() == [-1.0, -1.0]
 
 
-def test_a_dynamic_trace_keeps_only_the_mlp_region():
-    """Under torch.compile(dynamic=True) only the regions marked for it are kept, the
-    MLP's (models.regions.tracing_dynamic_shapes): torch 2.11's Inductor failed to
-    compile the paged-attention region of a dynamic 8B-shaped propose on CUDA (a
-    buffer sized by a symbol the region never receives), while the MLP region is what
-    spares the training evaluator's dynamic K-step graph K copies of the MLP. The
-    static trace of the same forward keeps the attention regions too, so this check
-    can fail both ways."""
+def test_a_dynamic_trace_inlines_every_region():
+    """Under torch.compile(dynamic=True) no region is kept (models.regions.
+    tracing_dynamic_shapes): torch 2.11's Inductor failed to compile the paged-attention
+    region of a dynamic 8B-shaped propose on CUDA (a buffer sized by a symbol the
+    region never receives). The static trace of the same forward keeps its regions,
+    so this check can fail."""
     model = target(2)
     (static,) = graphs_of(model, layer_regions=False)
     (dynamic,) = graphs_of(model, layer_regions=False, dynamic=True)
-    assert count_calls(static) == (4, 2)  # per layer: the attention, the MLP
-    assert count_calls(dynamic) == (2, 1)  # per layer: the MLP
+    assert count_calls(static)[0] > 0
+    assert count_calls(dynamic) == (0, 0)

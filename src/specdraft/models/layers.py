@@ -114,7 +114,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    @compile_region(dynamic_shapes=True)
+    @compile_region
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.swiglu(x)
 

@@ -42,27 +42,20 @@ if os.environ.get("SPECDRAFT_COMPILE_REGIONS", "1") == "0":
     nested_region = _no_region
 
 
-def compile_region(fn=None, *, dynamic_shapes: bool = False):
+def compile_region(fn):
     """A nested compile region for inference only. Where autograd records (a compiled
     training step through the heads), the plain function runs instead: torch 2.13's
     Inductor returns wrong weight gradients through a region that one graph calls more
     than once (the gate / up projections of SwiGLU off by ~10%; eager and aot_eager
     are right; tests/models/test_region_gradients.py). Under torch.compile the grad
-    mode is a guarded constant, so the choice costs nothing at run time.
-
-    dynamic_shapes: the region is kept in a trace with dynamic shapes too (see
-    tracing_dynamic_shapes; only for a function of tensors alone that such traces
-    have compiled as a region: the MLP, whose one copy instead of K is most of what
-    regions save the training evaluator's K-step graph)."""
-    if fn is None:
-        return functools.partial(compile_region, dynamic_shapes=dynamic_shapes)
+    mode is a guarded constant, so the choice costs nothing at run time."""
     region = nested_region(fn)
     if region is fn:
         return fn
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if torch.is_grad_enabled() or (tracing_dynamic_shapes() and not dynamic_shapes):
+        if torch.is_grad_enabled() or tracing_dynamic_shapes():
             return fn(*args, **kwargs)
         return region(*args, **kwargs)
 
