@@ -213,6 +213,22 @@ def test_bad_input_names_the_argument():
             draft_metrics(kwargs.pop("draft_logits"), kwargs.pop("target_logits"), **kwargs)
 
 
+def test_any_python_int_top_k_off_or_on_as_its_value():
+    """top_k is off at <= 0 and at >= the vocabulary, whatever its size (2**40 is
+    off, not an int32 overflow), and otherwise a cut: as a Python int or a tensor."""
+    draft, target, loss_mask, cu_seqlens, d2t = make_batch(2, 2, [5, 4], 13, 9, use_map=True)
+    args = (draft, target, loss_mask, 0.8)
+    kwargs = dict(d2t=d2t, cu_seqlens=cu_seqlens)
+    untruncated = draft_metrics(*args, **kwargs)
+    for off in (2**40, 13, 0, -(2**40)):
+        got = draft_metrics(*args, top_k=off, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, untruncated, strict=True)), off
+    as_number = draft_metrics(*args, top_k=3, **kwargs)
+    as_tensor = draft_metrics(*args, top_k=torch.tensor(3), **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(as_number, as_tensor, strict=True))
+    assert not torch.equal(as_number.accept, untruncated.accept)
+
+
 def test_one_graph_from_a_single_sequence_on(device):
     """A first call with one sequence compiles the graph every later sequence count
     reuses (a slice of size S was size 1 there, and a dynamic graph specialised on

@@ -162,6 +162,8 @@ def _start_truncation(top_k, top_p, min_p, total: int, like: torch.Tensor):
         if isinstance(value, torch.Tensor):
             check_tensor_arg(name, value, dtypes, shape=[(), (total,)], device_of=like)
         else:
+            if name == "top_k":  # <= 0 and >= V are both off: int32 holds every top_k that is not
+                value = min(max(value, -1), 2**31 - 1)
             value = number_tensor(value, dtypes[0], like.device)
         columns.append(value.expand(total))
     return tuple(columns)
