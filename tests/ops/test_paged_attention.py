@@ -156,15 +156,26 @@ def test_launch_shape_stays_concrete_under_dynamic_sizes():
         assert [int(value) for value in got] == list(expected(num_queries, heads, kv_heads, seq_len, dim))
 
 
+DYNAMIC_TEST_HEAD_DIM = 8
+
+
 def test_dynamic_sizes_compile_without_breaks(device):
     """Batch and key counts change under one dynamic=True graph with the settings an
-    engine uses; every result equals the plain loop."""
-    compiled = fresh_compile(masked_paged_attention, fullgraph=True, dynamic=True, backend="aot_eager")
+    engine uses; every result equals the plain loop. The scale comes from the head
+    size, an int (a Python float argument or closure would be traced as a symbol under
+    dynamic=True, then pinned by the op: a restart, the whole trace thrown away)."""
+    dim = DYNAMIC_TEST_HEAD_DIM
+
+    def attention(query, cache, slots, visible):
+        return masked_paged_attention(query, cache, slots, visible, DYNAMIC_TEST_HEAD_DIM**-0.5)
+
+    compiled = fresh_compile(attention, fullgraph=True, dynamic=True, backend="aot_eager")
     with (
         torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False),
         CompileCounts.measure() as counts,
     ):
         for batch, seq_len in [(1, 9), (3, 37), (2, 150)]:
-            args = make_case((batch, 3, 2, 2, 8, seq_len, 4), seed=batch, device=device)
-            torch.testing.assert_close(compiled(*args).cpu().double(), oracle(*args), rtol=1e-5, atol=1e-5)
-    assert counts.graph_breaks == 0
+            args = make_case((batch, 3, 2, 2, dim, seq_len, 4), seed=batch, device=device)
+            assert args[-1] == dim**-0.5
+            torch.testing.assert_close(compiled(*args[:-1]).cpu().double(), oracle(*args), rtol=1e-5, atol=1e-5)
+    assert counts.graph_breaks == 0 and counts.compiles == 1 and counts.restarts == 0
