@@ -135,12 +135,13 @@ def measure_batch(device, batch: int, compile, max_new: int, repeats: int, profi
 
 def costs_of(rows, device_name: str) -> StepCosts:
     """StepCosts from measured rows: each configuration's iteration time at every
-    batch size (plain: PLAIN; fixed K: (K, B * K), the same drafts as the budget of
-    every draft, whose own row replaces it where measured; budget b: (K, b)), and the
-    fixed-K rows' pooled conditional acceptance rates."""
+    batch size (plain: PLAIN; budget b: (K, b); fixed K: (K, B * K), the budget of
+    every draft, which the decoder runs as the fixed-K iteration, so its row replaces
+    a budget row of B * K), and the fixed-K rows' pooled conditional acceptance
+    rates."""
     seconds: dict[int, dict[Choice, float]] = {}
     accepted, tested = [0] * K, [0] * K
-    for row in sorted(rows, key=lambda r: r["mode"] == "budget"):  # budget rows last: they replace
+    for row in sorted(rows, key=lambda r: r["mode"] == "fixed"):  # fixed rows last: they replace
         batch, at = row["B"], seconds.setdefault(row["B"], {})
         if row["mode"] == "plain":
             at[PLAIN] = row["ms_per_iteration"] / 1e3
