@@ -13,6 +13,7 @@ plain and fixed K. Every row's output is checked against plain decoding.
     python3 benchmarks/bench_budget.py --only fixed:3 tree:4 tree-budget:4:1 tree-budget:4:3
     python3 benchmarks/bench_budget.py --smoke                  # CPU, eager, a check of the script
     python benchmarks/bench_budget.py --write-costs             # the table -> the package's demo pair step costs
+                                                                # (and its tree costs, demo_pair_tree_costs.json)
     python3 benchmarks/bench_budget.py --side-by-side --batch-sizes 1 16 256   # one process, interleaved rounds
 
 --side-by-side (table `budget_side_by_side`): plain decoding, fixed K = 1 and 3 and a
@@ -41,6 +42,7 @@ from record import RESULTS, append_rows, latest, read_rows
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
 from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditional_rates
+from specdraft.generation.tree_costs import TreeCosts
 from specdraft.proposers import TreeShape
 
 K = 3
@@ -278,6 +280,27 @@ def side_by_side(args, device, compile, name: str) -> int:
     return 0 if ok else 1
 
 
+TREE_COSTS_FILE = COSTS_FILE.with_name("demo_pair_tree_costs.json")
+
+
+def tree_costs_of(rows, device_name: str) -> TreeCosts:
+    """TreeCosts of TREE from measured rows: plain decoding as budget 0 (1 token a
+    request and iteration), the whole tree as None, a tree budget as its nodes; the
+    seconds per iteration and acceptance length of each."""
+    table: dict[int, dict] = {}
+    for row in rows:
+        at = table.setdefault(row["B"], {})
+        tokens = row["acceptance_length"]
+        if row["mode"] == "plain":
+            at[0] = (row["ms_per_iteration"] / 1e3, 1.0)
+        elif row["mode"] == "tree" and row["k"] == TREE.depth:
+            at[None] = (row["ms_per_iteration"] / 1e3, tokens)
+        elif row["mode"] == "tree-budget" and row["k"] == TREE.depth:
+            at[row["budget"]] = (row["ms_per_iteration"] / 1e3, tokens)
+    table = {b: row for b, row in table.items() if any(k != 0 for k in row)}
+    return TreeCosts(shape=TREE, rows=table, device=device_name, pair="demo pair (EAGLE-3 trees, greedy)")
+
+
 def write_costs(device_name: str | None) -> int:
     rows = [r for r in latest(read_rows("budget", RESULTS)) if r["config"]["mode"] != "auto"]
     device_name = device_name or rows[-1]["device"]
@@ -286,6 +309,10 @@ def write_costs(device_name: str | None) -> int:
     COSTS_FILE.write_text(costs.to_json())
     count = sum(len(v) for v in costs.seconds.values())
     print(f"{count} iteration times at B = {sorted(costs.seconds)} -> {COSTS_FILE}")
+    trees = tree_costs_of(flat, device_name)
+    TREE_COSTS_FILE.write_text(trees.to_json())
+    count = sum(len(v) for v in trees.rows.values())
+    print(f"{count} tree iterations ({TREE}) at B = {sorted(trees.rows)} -> {TREE_COSTS_FILE}")
     return 0
 
 

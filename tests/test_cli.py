@@ -141,10 +141,14 @@ REFUSED = [
     (["demo", "--drafter", "dflash", "--tree", "auto"], "--tree auto with --drafter dflash: a block drafter"),
     (["demo", "--drafter", "dspark", "--k", "9"], "--k 9 with --drafter dspark: a block drafts at most its block size"),
     (["demo", "--drafter", "eagle"], "argument --drafter: invalid choice: 'eagle'"),
-    # Budgeted verification: an int >= 0 or auto (auto and calibration: chains and blocks only).
+    # Budgeted verification: an int >= 0 or auto (calibration: chains and blocks only; auto with a tree: the
+    # shipped tree costs' shape).
     (["demo", "--budget", "-1"], "--budget must be auto or an int >= 0, got -1"),
     (["demo", "--budget", "half"], "--budget must be auto or an int >= 0, got 'half'"),
-    (["demo", "--budget", "auto", "--tree", "4,4,16"], "--budget auto with --tree 4,4,16: the step costs choose"),
+    (
+        ["demo", "--budget", "auto", "--tree", "3,2,6"],
+        "--budget auto with --tree 3,2,6: the demo pair's tree costs were measured with --tree 4,4,16",
+    ),
     (["demo", "--budget", "4", "--tree", "auto"], "--budget with --tree auto: pass a tree shape"),
     (["demo", "--budget", "4", "--tree", "4,4,16", "--calibration", "0.5"], "--calibration with --tree 4,4,16"),
     (["demo", "--calibration", "0.5"], "--calibration calibrates a budget's survival estimates: pass --budget"),

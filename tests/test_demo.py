@@ -281,6 +281,24 @@ def test_demo_with_a_calibrated_budget(tmp_path, capsys):
     assert got["budget"] == 3 and got["calibration"] == 0.5 and got["greedy_identical"]
 
 
+def test_demo_takes_a_tree_budget_from_the_tree_costs(tmp_path, capsys):
+    """--budget auto --tree 4,4,16: the shipped tree costs' choice at this batch size,
+    named before the run and recorded (run_as) in --json; greedy outputs identical."""
+    from specdraft.generation.tree_costs import demo_pair_tree_costs
+
+    path = tmp_path / "stats.json"
+    argv = [*SMALL[:-2], "--no-progress", "--no-sampled", "--tree", "4,4,16", "--budget", "auto", "--json", str(path)]
+    status, out, _ = run_demo(capsys, argv)
+    assert status == 0, out
+    assert "greedy outputs identical: yes" in out
+    got = json.loads(path.read_text())
+    nodes = demo_pair_tree_costs().choose(got["prompts"])
+    assert got["budget"] == nodes and got["greedy_identical"]
+    assert "the tree costs measured on the" in out
+    want = "the whole tree 4,4,16" if nodes is None else "plain decoding" if nodes == 0 else f"budget {nodes} nodes"
+    assert want in got["run_as"]
+
+
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):
     drop_a_speculative_token(monkeypatch)
     path = tmp_path / "stats.json"

@@ -228,7 +228,14 @@ def describe_drafter(head, name: str) -> str:
 
 def run_as(decoder) -> str:
     """What the speculative decoder's last run did: a budget table's choice runs as
-    plain decoding or the fixed-K iteration where it is one of those."""
+    plain decoding or the fixed-K iteration where it is one of those; a tree table's,
+    as the whole tree, plain decoding or a node budget."""
+    tree = getattr(decoder, "tree", None)
+    if tree is not None:
+        shape = f"{tree.depth},{tree.topk},{tree.num_verify_tokens}"
+        if decoder.budget is None:
+            return f"the whole tree {shape}"
+        return "plain decoding" if decoder.budget == 0 else f"tree {shape}, budget {decoder.budget} nodes"
     if decoder.proposer is None:
         return "plain decoding"
     if decoder.budget is None:
@@ -252,7 +259,15 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.tree == "auto":
         choose_drafts(args, len(prompts))
     budget = args.budget
-    if budget == "auto":
+    if budget == "auto" and args.tree is not None:
+        from specdraft.generation.tree_costs import demo_pair_tree_costs
+
+        budget = demo_pair_tree_costs()
+        nodes = budget.choose(len(prompts))
+        what = "the whole tree" if nodes is None else "plain decoding" if nodes == 0 else f"at most {nodes} nodes"
+        print(f"--budget auto: at B = {len(prompts)} the tree costs measured on the {budget.device} pick {what} "
+              "per iteration")  # fmt: skip
+    elif budget == "auto":
         from specdraft.generation.step_costs import choose_budget, demo_pair_costs
 
         budget = demo_pair_costs()
@@ -282,7 +297,13 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.tree is None
         else (
             f"tree depth {args.tree.depth}, topk {args.tree.topk}, {args.tree.num_verify_tokens} verified tokens"
-            + ("" if args.budget is None else f", budget {args.budget} nodes")
+            + (
+                ""
+                if args.budget is None
+                else ", budget auto"
+                if args.budget == "auto"
+                else f", budget {args.budget} nodes"
+            )
         )
     )
     print(f"target 4 x 256 Llama (vocab 256 bytes), {describe_drafter(spec.proposer.model, name)}, {drafts}; "

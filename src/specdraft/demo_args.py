@@ -55,8 +55,9 @@ def build_parser(prog: str = "python -m specdraft.demo", description: str | None
     )  # fmt: skip
     parser.add_argument(
         "--budget", metavar="N|auto", help="verify at most N drafts per iteration over the batch, those of best "
-        "expected gain (budgeted verification; chains, blocks and trees: tree nodes); auto (chains and blocks): the budget with the most expected tokens "
-        "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding)",
+        "expected gain (budgeted verification; chains, blocks and trees: tree nodes); auto: the budget with the most expected tokens "
+        "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding; with "
+        "--tree 4,4,16, from its measured tree costs: the whole tree, none or a node budget)",
     )  # fmt: skip
     parser.add_argument(
         "--calibration", type=float, metavar="W", help="with --budget: scale each position's survival estimates "
@@ -114,8 +115,8 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo", description: s
 
 
 def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--budget: an int >= 0 or auto (auto and --calibration: chains and blocks; a
-    tree shape takes an int); --calibration: in (0, 1], only with --budget."""
+    """--budget: an int >= 0 or auto (with a tree, only the shipped tree costs' shape;
+    --calibration: chains and blocks); --calibration: in (0, 1], only with --budget."""
     if args.calibration is not None:
         if args.budget is None:
             parser.error("--calibration calibrates a budget's survival estimates: pass --budget as well")
@@ -126,9 +127,10 @@ def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.tree is not None:
         if args.tree == "auto":
             parser.error("--budget with --tree auto: pass a tree shape (D,K,N) or leave --tree out")
-        if args.budget == "auto":
-            parser.error(f"--budget auto with --tree {args.tree}: the step costs choose among chain lengths; "
-                         "pass an int budget of tree nodes")  # fmt: skip
+        shipped = shipped_tree_costs_shape()
+        if args.budget == "auto" and tree_text_numbers(args.tree) not in (None, shipped):
+            parser.error(f"--budget auto with --tree {args.tree}: the demo pair's tree costs were measured with "
+                         f"--tree {','.join(map(str, shipped))}; pass that tree or an int budget of tree nodes")  # fmt: skip
         if args.calibration is not None:
             parser.error(f"--calibration with --tree {args.tree}: a tree ranks its nodes by their path "
                          "probabilities as they are")  # fmt: skip
@@ -139,6 +141,22 @@ def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"--budget must be auto or an int >= 0, got {args.budget!r}")
         if args.budget < 0:
             parser.error(f"--budget must be auto or an int >= 0, got {args.budget}")
+
+
+def shipped_tree_costs_shape() -> tuple[int, ...]:
+    """The tree the shipped demo pair tree costs were measured with (plain JSON: no
+    torch before the argument checks)."""
+    path = Path(__file__).parent / "generation" / "demo_pair_tree_costs.json"
+    return tuple(json.loads(path.read_text())["shape"])
+
+
+def tree_text_numbers(text: str) -> tuple[int, ...] | None:
+    """D,K,N as three ints, or None where it is not (tree_numbers reports that)."""
+    try:
+        numbers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        return None
+    return numbers if len(numbers) == 3 else None
 
 
 def shipped_block_size(parser: argparse.ArgumentParser, drafter: str) -> int:

@@ -32,6 +32,7 @@ from specdraft.config import SamplingParams, SpeculativeConfig
 from specdraft.generation import TreeSpeculativeDecoder, num_kv_blocks
 from specdraft.generation.step_costs import demo_pair_costs
 from specdraft.generation.tree_budget import kept_nodes
+from specdraft.generation.tree_costs import TreeCosts
 from specdraft.models.attention import packed_tree_attention
 from specdraft.ops import tree_ancestors
 from specdraft.proposers import EagleProposer, TreeShape
@@ -203,6 +204,28 @@ def test_greedy_equals_oracle(pair, expected, shape, budget, eos):
         assert int(got.stats.verified_per_request.sum()) == 0
     else:
         assert int(got.stats.accepted_per_request.sum()) > 0
+
+
+@pytest.mark.parametrize("best", [None, 0, 4], ids=["whole-tree", "plain", "budget-4"])
+def test_a_tree_table_runs_its_choice(pair, expected, best):
+    """A TreeCosts table whose fastest entry at B = 3 is `best` (the whole tree, plain
+    decoding, 4 nodes): the run takes it (decoder.budget), verifies as it says, and
+    emits the target's own greedy output; a table of another shape is refused."""
+    shape = SHAPES[0]
+    rows = {None: (2e-3, 2.0), 0: (1e-3, 1.0), 4: (2e-3, 1.5)}
+    rows[best] = (1e-4, rows[best][1])
+    decoder = tree_decoder(pair, shape, budget=TreeCosts(shape=shape, rows={3: rows}))
+    got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert decoder.budget == best
+    assert [t.tolist() for t in got.tokens] == expected[None]
+    verified = int(got.stats.verified_per_request.sum())
+    if best is None:
+        assert int(got.stats.iteration_verified.sum(1).max()) == len(PROMPTS) * (shape.num_verify_tokens - 1)
+    else:
+        check_budget_held(got.stats, best)
+        assert (verified == 0) == (best == 0)
+    with pytest.raises(ValueError, match="measured with the tree"):
+        tree_decoder(pair, shape, budget=TreeCosts(shape=SHAPES[1], rows={3: rows}))
 
 
 def test_checked_mode_runs_the_budgeted_tree(pair, expected):

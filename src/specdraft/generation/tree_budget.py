@@ -34,6 +34,7 @@ from specdraft.ops import budget_keep, tree_ancestors, tree_positions
 
 from .budget import packed_layout, packed_rows, survival_rates, window_rows
 from .step_costs import StepCosts
+from .tree_costs import TreeCosts, shape_tuple
 
 
 class PackedTree(NamedTuple):
@@ -136,16 +137,23 @@ def has_kept_child(sub_parents: torch.Tensor) -> torch.Tensor:
     return (sub_parents[:, None, :] == index[None, :, None]).any(dim=-1)
 
 
-def check_tree_budget(budget, calibration):
-    """TreeSpeculativeDecoder's budget: None (verify every node) or an int >= 0 (the
-    most tree nodes below the roots verified per iteration over the batch)."""
+def check_tree_budget(budget, calibration, tree):
+    """TreeSpeculativeDecoder's budget: None (verify every node), an int >= 0 (the
+    most tree nodes below the roots verified per iteration over the batch) or a
+    TreeCosts table measured with this tree shape (a budget chosen per run)."""
     if calibration is not None:
         raise ValueError("calibration: calibrates per-position estimates of chains and block drafters; a draft "
                          "tree ranks its nodes by their path probabilities as they are")  # fmt: skip
     if budget is None:
         return None
     if isinstance(budget, StepCosts):
-        raise ValueError("budget: a StepCosts table chooses among chain lengths; a draft tree takes an int budget")
+        raise ValueError("budget: a StepCosts table chooses among chain lengths; a draft tree takes an int budget "
+                         "or a TreeCosts table")  # fmt: skip
+    if isinstance(budget, TreeCosts):
+        if budget.shape != shape_tuple(tree):
+            raise ValueError(f"budget: the TreeCosts table was measured with the tree {budget.shape}, the decoder "
+                             f"drafts {shape_tuple(tree)}")  # fmt: skip
+        return budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ValueError(f"budget: an int >= 0 (tree nodes verified per iteration over the batch) or None, "
                          f"got {budget!r}")  # fmt: skip

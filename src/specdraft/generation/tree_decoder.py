@@ -54,6 +54,7 @@ from . import checks
 from .decoder import SpeculativeDecoder, Verified
 from .state import DecodeState, Requests, commit
 from .tree_budget import check_tree_budget, has_kept_child, kept_nodes, pack_tree
+from .tree_costs import TreeCosts
 from .verify import slots_of, target_cut, tree_batch, window_batch
 
 
@@ -156,13 +157,15 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     roots verified per iteration over the whole batch: each iteration keeps the nodes
     of best path probability, every request a subtree of its tree, and verifies them
     in a pass of B + min(budget, B * (N - 1)) rows (generation/tree_budget.py); 0
-    decodes plainly (no draft pass). A StepCosts table and calibration are refused
-    (chains and block drafters only)."""
+    decodes plainly (no draft pass). Or a TreeCosts table measured with this tree
+    (generation/tree_costs.py): each run takes the budget (the whole tree, none, or
+    n nodes) that measured the most tokens per second at its batch size. A StepCosts
+    table and calibration are refused (chains and block drafters only)."""
 
     def __init__(self, target: torch.nn.Module, proposer, tree: TreeShape, *, budget: int | None = None,
                  **kwargs) -> None:  # fmt: skip
         check_tree_shape("tree", tree)
-        budget = check_tree_budget(budget, kwargs.get("calibration"))
+        budget = check_tree_budget(budget, kwargs.get("calibration"), tree)
         if not (isinstance(proposer, Proposer) and proposer.drafts_trees):
             got = type(proposer).__name__
             if isinstance(proposer, Proposer):
@@ -171,7 +174,10 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
                              f"AutoregressiveSpeculator; got {got}")  # fmt: skip
         self.tree = tree
         super().__init__(target, proposer, **kwargs)
-        self.budget = self.budget_policy = budget  # nodes below the roots verified per iteration (tree_budget.py)
+        # Nodes below the roots verified per iteration (tree_budget.py); a TreeCosts
+        # table sets it per run (generate).
+        self.budget_policy = budget
+        self.budget = None if isinstance(budget, TreeCosts) else budget
         self.k = tree.depth  # the statistics' positions: one per tree depth
         self.path_depth = min(tree.depth, tree.num_verify_tokens - 1)  # accepted drafts per pass, at most
         # The verify pass writes N - 1 positions past a request's length, the draft's
@@ -179,6 +185,13 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         self.blocks_per_request = checks.blocks_per_request(self.max_model_len, tree.num_verify_tokens - 1,
                                                             self.block_size)  # fmt: skip
         self.reach = self.blocks_per_request * self.block_size
+
+    def generate(self, prompts, **kwargs):
+        """SpeculativeDecoder.generate, under a TreeCosts table with this run's budget
+        (`self.budget` says which it took)."""
+        if isinstance(self.budget_policy, TreeCosts):
+            self.budget = self.budget_policy.choose(len(prompts))
+        return super().generate(prompts, **kwargs)
 
     # ------------------------------------------------------------------ drafting
 
