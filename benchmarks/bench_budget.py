@@ -19,7 +19,9 @@ plain and fixed K. Every row's output is checked against plain decoding.
 --side-by-side (table `budget_side_by_side`): plain decoding, fixed K = 1 and 3 and a
 budget of 2B drafts compiled once each in one process and timed in interleaved rounds;
 a StepCosts table from those rounds; "auto", a decoder given that table; then every
-decoder, auto included, timed again side by side (the rows). A configuration measures
+decoder, auto included, timed again side by side (the rows). --trees: plain, fixed K
+= 3, the (4, 4, 16) tree whole and under budgets of B and 3B nodes, and auto from a
+TreeCosts table of those rounds. A configuration measures
 up to 30% apart in two processes on this launch-bound pair, so only rates of the same
 rounds are compared.
 
@@ -177,7 +179,36 @@ def auto_row(device, batch: int, rows, compile, max_new: int, repeats: int, want
             "vs_best": rate / baseline["decode_tokens_per_s"]}  # fmt: skip
 
 
-SIDE_BY_SIDE = (("plain", 0, None), ("fixed", 1, None), ("fixed", K, None), ("budget", K, 2))  # budget: x B
+TREE_COSTS_FILE = COSTS_FILE.with_name("demo_pair_tree_costs.json")
+
+
+def tree_costs_of(rows, device_name: str) -> TreeCosts:
+    """TreeCosts of TREE from measured rows: plain decoding as budget 0 (1 token a
+    request and iteration), the whole tree as None, a tree budget as its nodes; the
+    seconds per iteration and acceptance length of each."""
+    table: dict[int, dict] = {}
+    for row in rows:
+        at = table.setdefault(row["B"], {})
+        tokens = row["acceptance_length"]
+        if row["mode"] == "plain":
+            at[0] = (row["ms_per_iteration"] / 1e3, 1.0)
+        elif row["mode"] == "tree" and row["k"] == TREE.depth:
+            at[None] = (row["ms_per_iteration"] / 1e3, tokens)
+        elif row["mode"] == "tree-budget" and row["k"] == TREE.depth:
+            at[row["budget"]] = (row["ms_per_iteration"] / 1e3, tokens)
+    table = {b: row for b, row in table.items() if any(k != 0 for k in row)}
+    return TreeCosts(shape=TREE, rows=table, device=device_name, pair="demo pair (EAGLE-3 trees, greedy)")
+
+
+# (mode, drafts per request or tree depth, budget as a multiple of B); "chains" is
+# what a StepCosts table chooses from, "trees" what a TreeCosts table does (fixed K = 3
+# beside it: the issue compares with the best of plain, fixed K and the tree).
+SIDE_BY_SIDE = {
+    "chains": (("plain", 0, None), ("fixed", 1, None), ("fixed", K, None), ("budget", K, 2)),
+    "trees": (("plain", 0, None), ("fixed", K, None), ("tree", TREE.depth, None), ("tree-budget", TREE.depth, 1),
+              ("tree-budget", TREE.depth, 3)),
+}  # fmt: skip
+CHOICES = {"chains": ("plain", "fixed"), "trees": ("plain", "tree", "tree-budget")}  # what auto can run
 
 
 def timed_run(decoder, prompts, max_new: int) -> tuple[list, object]:
@@ -215,90 +246,88 @@ def summary(batch: int, name: str, k: int, budget, runs, want) -> dict:
     }  # fmt: skip
 
 
-def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int) -> list[dict]:
-    """Plain decoding, fixed K = 1 and 3 and a budget of 2B drafts (K = 3), each compiled
-    once, in one process and timed in interleaved rounds; a StepCosts table from those
-    rounds; a decoder given that table ("auto") compiled too; then every decoder,
-    auto included, timed again in interleaved rounds (the rows reported). Auto's row
-    says what it ran (its choice, run as plain decoding, the fixed-K iteration or a
-    budget) and its rate against the best of plain and fixed K of the same rounds."""
+def against(auto: dict, rows: list[dict], modes) -> dict:
+    """Auto's rate over the best row of `modes`: the medians' ratio, and paired per
+    round (both ran in each round), median and quartiles."""
+    best = max((r for r in rows if r["mode"] in modes), key=lambda r: r["decode_tokens_per_s"])
+    paired = sorted(a / b for a, b in zip(auto["round_rates"], best["round_rates"], strict=True))
+    return {"best": best["mode"] + (f" k={best['k']}" if best["k"] else "") + (f" budget={best['budget']}" if
+                                                                              best["budget"] else ""),
+            "medians": auto["decode_tokens_per_s"] / best["decode_tokens_per_s"], "paired": paired[len(paired) // 2],
+            "paired_quartiles": [paired[len(paired) // 4], paired[(3 * len(paired)) // 4]]}  # fmt: skip
+
+
+def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int, kind: str = "chains") -> list[dict]:
+    """The configurations of SIDE_BY_SIDE[kind], each compiled once, in one process
+    and timed in interleaved rounds; a table from those rounds (chains: StepCosts,
+    trees: TreeCosts of TREE); a decoder given that table ("auto") compiled too; then
+    every decoder, auto included, timed again in interleaved rounds (the rows
+    reported). Auto's row says what it ran and its rate against the best of what it
+    can choose from (`vs_choices`) and of plain, fixed K and the tree (`vs_best`),
+    both from the same rounds."""
     from specdraft.demo import run_as
 
     prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
     torch._dynamo.reset()
     decoders, shapes = {}, {}
-    for mode, k, fraction in SIDE_BY_SIDE:
+    for mode, k, fraction in SIDE_BY_SIDE[kind]:
         budget = None if fraction is None else fraction * batch
-        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget)
+        tree = TREE if mode.startswith("tree") else None
+        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget, tree=tree)
         name = mode if mode == "plain" else f"{mode} k={k}" + ("" if budget is None else f" budget={budget}")
         decoders[name], shapes[name] = (plain if mode == "plain" else spec), (mode, k, budget)
         timed_run(decoders[name], prompts, max_new)  # compile, record the CUDA graphs
     want = timed_run(decoders["plain"], prompts, max_new)[0]
     first = interleaved(decoders, prompts, max_new, rounds)
     measured = [summary(batch, *shapes[name], first[name], want) for name in decoders]
-    costs = costs_of(measured, "this run")
-    _, decoders["auto"] = build_decoders(device, K, batch, compile, budget=costs)
+    if kind == "trees":
+        _, decoders["auto"] = build_decoders(device, TREE.depth, batch, compile, tree=TREE,
+                                             budget=tree_costs_of(measured, "this run"))  # fmt: skip
+    else:
+        _, decoders["auto"] = build_decoders(device, K, batch, compile, budget=costs_of(measured, "this run"))
     timed_run(decoders["auto"], prompts, max_new)
-    shapes["auto"] = ("auto", K, None)
+    shapes["auto"] = ("auto", TREE.depth if kind == "trees" else K, None)
     second = interleaved(decoders, prompts, max_new, rounds)
     rows = [summary(batch, *shapes[name], second[name], want) for name in decoders]
-    auto, baselines = rows[-1], [r for r in rows if r["mode"] in ("plain", "fixed")]
-    best = max(baselines, key=lambda r: r["decode_tokens_per_s"])
-    # Paired: auto's rate over the best configuration's in each round (both ran in it).
-    paired = sorted(a / b for a, b in zip(auto["round_rates"], best["round_rates"], strict=True))
-    auto.update(k=decoders["auto"].k, budget=decoders["auto"].budget, run_as=run_as(decoders["auto"]),
-                best_baseline=best["mode"] + (f" k={best['k']}" if best["k"] else ""),
-                vs_best=auto["decode_tokens_per_s"] / best["decode_tokens_per_s"],
-                vs_best_paired=paired[len(paired) // 2],
-                vs_best_paired_quartiles=[paired[len(paired) // 4], paired[(3 * len(paired)) // 4]])  # fmt: skip
+    auto = rows[-1]
+    auto.update(kind=kind, k=decoders["auto"].k, budget=decoders["auto"].budget, run_as=run_as(decoders["auto"]),
+                vs_choices=against(auto, rows, CHOICES[kind]), vs_best=against(auto, rows, ("plain", "fixed", "tree")))  # fmt: skip
     return rows
 
 
 def side_by_side(args, device, compile, name: str) -> int:
+    kind = "trees" if args.trees else "chains"
     print(f"{name} (torch {torch.__version__}); demo pair, greedy, {args.max_new_tokens} new tokens per request; "
           f"each configuration compiled once in this process, {args.rounds} interleaved rounds, the median round\n")  # fmt: skip
-    print("| B | plain | fixed K = 1 | fixed K = 3 | budget 2B (K = 3) | auto: runs as | auto | auto / best of "
-          "plain and fixed K: medians, paired per round (quartiles) | quartile spreads | lossless |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| B | configuration | decode tokens/s | quartile spread | auto / it: medians, paired (quartiles) | lossless |"
+    )
+    print("|---|---|---|---|---|---|")
     ok = True
     for batch in args.batch_sizes:
-        rows = side_by_side_batch(device, batch, compile, args.max_new_tokens, args.rounds)
+        rows = side_by_side_batch(device, batch, compile, args.max_new_tokens, args.rounds, kind)
         ok &= all(r["lossless"] for r in rows)
         auto = rows[-1]
-        rates = " | ".join(f"{r['decode_tokens_per_s']:,.0f}" for r in rows[:-1])
-        spreads = " / ".join(f"{r['quartile_spread']:.0%}" for r in rows)
-        low, high = auto["vs_best_paired_quartiles"]
-        print(f"| {batch} | {rates} | {auto['run_as']} | {auto['decode_tokens_per_s']:,.0f} | {auto['vs_best']:.3f}, "
-              f"{auto['vs_best_paired']:.3f} ({low:.3f}-{high:.3f}) | {spreads} | "
-              f"{'yes' if all(r['lossless'] for r in rows) else 'FAIL'} |", flush=True)  # fmt: skip
+        for r in rows:
+            what = r["mode"] + (f" k={r['k']}" if r["k"] and r["mode"] != "auto" else "")
+            what += f" budget={r['budget']}" if r["budget"] and r["mode"] != "auto" else ""
+            if r is auto:
+                what = f"**auto** (runs {auto['run_as']})"
+            versus = ""
+            for label in ("vs_choices", "vs_best"):
+                v = auto[label]
+                if r is not auto and v["best"] == what.split(" (")[0]:
+                    low, high = v["paired_quartiles"]
+                    versus += f"{label}: {v['medians']:.3f}, {v['paired']:.3f} ({low:.3f}-{high:.3f}) "
+            print(f"| {batch} | {what} | {r['decode_tokens_per_s']:,.0f} | {r['quartile_spread']:.0%} | "
+                  f"{versus.strip()} | {'yes' if r['lossless'] else 'FAIL'} |", flush=True)  # fmt: skip
         if not args.smoke:
             for r in rows:
                 config = {key: r[key] for key in ("B", "mode", "k", "budget")}
-                config.update(max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+                config.update(max_new_tokens=args.max_new_tokens, rounds=args.rounds, kind=kind)
                 metrics = {key: v for key, v in r.items() if key not in config}
                 append_rows("budget_side_by_side", [(config, metrics)], device=name)
     return 0 if ok else 1
-
-
-TREE_COSTS_FILE = COSTS_FILE.with_name("demo_pair_tree_costs.json")
-
-
-def tree_costs_of(rows, device_name: str) -> TreeCosts:
-    """TreeCosts of TREE from measured rows: plain decoding as budget 0 (1 token a
-    request and iteration), the whole tree as None, a tree budget as its nodes; the
-    seconds per iteration and acceptance length of each."""
-    table: dict[int, dict] = {}
-    for row in rows:
-        at = table.setdefault(row["B"], {})
-        tokens = row["acceptance_length"]
-        if row["mode"] == "plain":
-            at[0] = (row["ms_per_iteration"] / 1e3, 1.0)
-        elif row["mode"] == "tree" and row["k"] == TREE.depth:
-            at[None] = (row["ms_per_iteration"] / 1e3, tokens)
-        elif row["mode"] == "tree-budget" and row["k"] == TREE.depth:
-            at[row["budget"]] = (row["ms_per_iteration"] / 1e3, tokens)
-    table = {b: row for b, row in table.items() if any(k != 0 for k in row)}
-    return TreeCosts(shape=TREE, rows=table, device=device_name, pair="demo pair (EAGLE-3 trees, greedy)")
 
 
 def write_costs(device_name: str | None) -> int:
@@ -332,6 +361,8 @@ def main(argv=None) -> int:
     parser.add_argument("--side-by-side", action="store_true", help="plain, fixed K, a budget and auto in one "
                         "process, interleaved rounds (table budget_side_by_side)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=21, help="--side-by-side: interleaved rounds (the median)")
+    parser.add_argument("--trees", action="store_true", help="--side-by-side: the tree's configurations and a "
+                        "TreeCosts auto (with plain and fixed K = 3) instead of the chains'")  # fmt: skip
     args = parser.parse_args(argv)
     if args.write_costs:
         return write_costs(args.device_name)

@@ -16,7 +16,8 @@
 #                                          # the eval CLI), then benchmarks/bench_budget_8b.py (the 8B-shaped
 #                                          # projection by batch size) on GPU 0
 #   bash scripts/gpu_budget.sh side [TIMEOUT]   # the budget-table tests on CUDA, then bench_budget.py --side-by-side
-#                                          # (one process, interleaved rounds) at B = $BENCH_SIZES (default 1 16 256)
+#                                          # (one process, interleaved rounds) at B = $BENCH_SIZES (default 1 16 256);
+#                                          # TREES=1: the tree's configurations and a TreeCosts auto
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -105,7 +106,7 @@ side() {
             > "$OUT/tests_step_costs.log" 2>&1
         echo "step-cost and budget tests: exit $?"; tail -6 "$OUT/tests_step_costs.log"
     fi
-    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side \
+    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side ${TREES:+--trees} \
         --batch-sizes ${BENCH_SIZES:-1 16 256} --rounds ${ROUNDS:-21} > "$OUT/bench_side_by_side.log" 2>&1
     echo "bench_budget --side-by-side: exit $?"; grep -v "^|" "$OUT/bench_side_by_side.log" | tail -12
     grep "^|" "$OUT/bench_side_by_side.log"
