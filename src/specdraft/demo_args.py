@@ -127,8 +127,8 @@ def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.tree is not None:
         if args.tree == "auto":
             parser.error("--budget with --tree auto: pass a tree shape (D,K,N) or leave --tree out")
-        shipped = shipped_tree_costs_shape()
-        if args.budget == "auto" and tree_text_numbers(args.tree) not in (None, shipped):
+        shipped = shipped_tree_costs_shape() if args.budget == "auto" else None
+        if shipped is not None and tree_text_numbers(args.tree) not in (None, shipped):
             parser.error(f"--budget auto with --tree {args.tree}: the demo pair's tree costs were measured with "
                          f"--tree {','.join(map(str, shipped))}; pass that tree or an int budget of tree nodes")  # fmt: skip
         if args.calibration is not None:

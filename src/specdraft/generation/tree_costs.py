@@ -8,7 +8,7 @@ each batch size: seconds per iteration and tokens per request and iteration
 the nearest measured batch size, its budget scaled to the run's. Budgets: None, the
 whole tree (every node verified: the unbudgeted tree iteration); 0, plain decoding
 (no draft pass); n > 0, the n best nodes of the batch. `benchmarks/bench_budget.py
---write-tree-costs` writes the demo pair's (`demo_pair_tree_costs`).
+--write-costs` writes the demo pair's (`demo_pair_tree_costs`) beside its StepCosts.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class TreeCosts:
 
     def choose(self, num_reqs: int) -> int | None:
         """The budget with the most measured tokens per second for num_reqs requests;
-        the whole tree on a tie with a budget, plain decoding on a tie with a tree."""
+        on a tie the whole tree first, then plain decoding, then a node budget."""
         rates = self.rates(num_reqs)
         order = {WHOLE_TREE: 0, PLAIN: 1}
         return max(rates, key=lambda b: (rates[b], -order.get(b, 2)))
