@@ -21,7 +21,10 @@ budget of 2B drafts compiled once each in one process and timed in interleaved r
 a StepCosts table from those rounds; "auto", a decoder given that table; then every
 decoder, auto included, timed again side by side (the rows). --trees: plain, fixed K
 = 3, the (4, 4, 16) tree whole and under budgets of B and 3B nodes, and auto from a
-TreeCosts table of those rounds. A configuration measures
+TreeCosts table of those rounds. --both: plain, fixed K = 1 and 3, a budget of 2B
+drafts, the tree whole and under 3B nodes, and auto a ChainOrTree of the StepCosts and
+the TreeCosts of those rounds (per run the chain or the tree, whichever predicts
+faster). A configuration measures
 up to 30% apart in two processes on this launch-bound pair, so only rates of the same
 rounds are compared.
 
@@ -43,6 +46,7 @@ from bench_tree import log
 from record import RESULTS, append_rows, latest, read_rows
 
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
+from specdraft.generation import ChainOrTree, SpeculativeDecoder
 from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditional_rates
 from specdraft.generation.tree_costs import TreeCosts
 from specdraft.proposers import TreeShape
@@ -207,8 +211,11 @@ SIDE_BY_SIDE = {
     "chains": (("plain", 0, None), ("fixed", 1, None), ("fixed", K, None), ("budget", K, 2)),
     "trees": (("plain", 0, None), ("fixed", K, None), ("tree", TREE.depth, None), ("tree-budget", TREE.depth, 1),
               ("tree-budget", TREE.depth, 3)),
+    "both": (("plain", 0, None), ("fixed", 1, None), ("fixed", K, None), ("budget", K, 2), ("tree", TREE.depth, None),
+             ("tree-budget", TREE.depth, 3)),
 }  # fmt: skip
-CHOICES = {"chains": ("plain", "fixed"), "trees": ("plain", "tree", "tree-budget")}  # what auto can run
+CHOICES = {"chains": ("plain", "fixed"), "trees": ("plain", "tree", "tree-budget"),
+           "both": ("plain", "fixed", "budget", "tree", "tree-budget")}  # what auto can run  # fmt: skip
 
 
 def timed_run(decoder, prompts, max_new: int) -> tuple[list, object]:
@@ -283,6 +290,8 @@ def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int, k
     if kind == "trees":
         _, decoders["auto"] = build_decoders(device, TREE.depth, batch, compile, tree=TREE,
                                              budget=tree_costs_of(measured, "this run"))  # fmt: skip
+    elif kind == "both":
+        decoders["auto"] = chain_or_tree(device, batch, compile, measured)
     else:
         _, decoders["auto"] = build_decoders(device, K, batch, compile, budget=costs_of(measured, "this run"))
     timed_run(decoders["auto"], prompts, max_new)
@@ -290,13 +299,25 @@ def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int, k
     second = interleaved(decoders, prompts, max_new, rounds)
     rows = [summary(batch, *shapes[name], second[name], want) for name in decoders]
     auto = rows[-1]
-    auto.update(kind=kind, k=decoders["auto"].k, budget=decoders["auto"].budget, run_as=run_as(decoders["auto"]),
+    ran = decoders["auto"].last if kind == "both" else decoders["auto"]
+    auto.update(kind=kind, k=ran.k, budget=ran.budget, run_as=run_as(ran),
                 vs_choices=against(auto, rows, CHOICES[kind]), vs_best=against(auto, rows, ("plain", "fixed", "tree")))  # fmt: skip
+    if kind == "both":
+        auto.update(chosen=decoders["auto"].chosen, predicted=decoders["auto"].predicted(batch))
     return rows
 
 
+def chain_or_tree(device, batch: int, compile, measured) -> ChainOrTree:
+    """ChainOrTree over a chain decoder under the StepCosts of `measured` and a tree
+    decoder under its TreeCosts, on one target (the tree's)."""
+    _, tree = build_decoders(device, TREE.depth, batch, compile, tree=TREE, budget=tree_costs_of(measured, "this run"))
+    costs = costs_of(measured, "this run")
+    _, chain = build_decoders(device, K, batch, compile, budget=costs)  # its proposer, on the tree's target
+    return ChainOrTree(SpeculativeDecoder(tree.target, chain.full_proposer, compile=compile, budget=costs), tree)
+
+
 def side_by_side(args, device, compile, name: str) -> int:
-    kind = "trees" if args.trees else "chains"
+    kind = "both" if args.both else "trees" if args.trees else "chains"
     print(f"{name} (torch {torch.__version__}); demo pair, greedy, {args.max_new_tokens} new tokens per request; "
           f"each configuration compiled once in this process, {args.rounds} interleaved rounds, the median round\n")  # fmt: skip
     print(
@@ -363,6 +384,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=21, help="--side-by-side: interleaved rounds (the median)")
     parser.add_argument("--trees", action="store_true", help="--side-by-side: the tree's configurations and a "
                         "TreeCosts auto (with plain and fixed K = 3) instead of the chains'")  # fmt: skip
+    parser.add_argument("--both", action="store_true", help="--side-by-side: the chains' and the tree's "
+                        "configurations, and a ChainOrTree auto over both tables")  # fmt: skip
     args = parser.parse_args(argv)
     if args.write_costs:
         return write_costs(args.device_name)

@@ -17,7 +17,8 @@
 #                                          # projection by batch size) on GPU 0
 #   bash scripts/gpu_budget.sh side [TIMEOUT]   # the budget-table tests on CUDA, then bench_budget.py --side-by-side
 #                                          # (one process, interleaved rounds) at B = $BENCH_SIZES (default 1 16 256);
-#                                          # TREES=1: the tree's configurations and a TreeCosts auto
+#                                          # TREES=1: the tree's configurations and a TreeCosts auto;
+#                                          # BOTH=1: chains' and the tree's, and a ChainOrTree auto
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -101,12 +102,13 @@ projection() {
 }
 side() {
     if [ -z "${SKIP_TESTS:-}" ]; then
-        CUDA_VISIBLE_DEVICES=0 SPECDRAFT_DEVICE=cuda timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider \
+        CUDA_VISIBLE_DEVICES=0 SPECDRAFT_DEVICE=cuda timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider \
             -m "not interpreter" -rf tests/generation/test_step_costs.py tests/generation/test_budget.py \
+            tests/generation/test_tree_costs.py tests/generation/test_tree_budget.py tests/generation/test_chain_or_tree.py \
             > "$OUT/tests_step_costs.log" 2>&1
         echo "step-cost and budget tests: exit $?"; tail -6 "$OUT/tests_step_costs.log"
     fi
-    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side ${TREES:+--trees} \
+    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side ${TREES:+--trees} ${BOTH:+--both} \
         --batch-sizes ${BENCH_SIZES:-1 16 256} --rounds ${ROUNDS:-21} > "$OUT/bench_side_by_side.log" 2>&1
     echo "bench_budget --side-by-side: exit $?"; grep -v "^|" "$OUT/bench_side_by_side.log" | tail -12
     grep "^|" "$OUT/bench_side_by_side.log"

@@ -149,7 +149,11 @@ REFUSED = [
         ["demo", "--budget", "auto", "--tree", "3,2,6"],
         "--budget auto with --tree 3,2,6: the demo pair's tree costs were measured with --tree 4,4,16",
     ),
-    (["demo", "--budget", "4", "--tree", "auto"], "--budget with --tree auto: pass a tree shape"),
+    (["demo", "--budget", "4", "--tree", "auto"], "--budget 4 with --tree auto: an int budget counts drafts or tree"),
+    (
+        ["demo", "--budget", "auto", "--tree", "auto", "--calibration", "0.5"],
+        "--calibration with --tree auto --budget auto: the tree may be chosen",
+    ),
     (["demo", "--budget", "4", "--tree", "4,4,16", "--calibration", "0.5"], "--calibration with --tree 4,4,16"),
     (["demo", "--calibration", "0.5"], "--calibration calibrates a budget's survival estimates: pass --budget"),
     (["demo", "--budget", "4", "--calibration", "0"], "--calibration must be in (0, 1] (the newest pass's weight)"),

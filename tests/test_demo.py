@@ -293,10 +293,27 @@ def test_demo_takes_a_tree_budget_from_the_tree_costs(tmp_path, capsys):
     assert "greedy outputs identical: yes" in out
     got = json.loads(path.read_text())
     nodes = demo_pair_tree_costs().choose(got["prompts"])
-    assert got["budget"] == nodes and got["greedy_identical"]
+    assert got["budget"] == (None if nodes == 0 else nodes) and got["greedy_identical"]  # plain: no budget
     assert "the tree costs measured on the" in out
     want = "the whole tree 4,4,16" if nodes is None else "plain decoding" if nodes == 0 else f"budget {nodes} nodes"
     assert want in got["run_as"]
+
+
+def test_demo_takes_the_chain_or_the_tree_that_its_tables_predict_faster(tmp_path, capsys):
+    """--tree auto --budget auto: the two shipped tables' predictions printed, the
+    larger one's decoder run (a tree shape in --json where the tree is faster, none
+    for the chain), greedy outputs identical."""
+    path = tmp_path / "stats.json"
+    argv = [*SMALL[:-2], "--no-progress", "--no-sampled", "--tree", "auto", "--budget", "auto", "--json", str(path)]
+    status, out, _ = run_demo(capsys, argv)
+    assert status == 0, out
+    assert "greedy outputs identical: yes" in out
+    said = re.search(r"predict ([\d,]+) tokens/s for the chain, the tree costs ([\d,]+) for the tree 4,4,16: the "
+                     r"(chain|tree)", out)  # fmt: skip
+    chain, tree = (float(said.group(i).replace(",", "")) for i in (1, 2))
+    assert said.group(3) == ("tree" if tree > chain else "chain")
+    got = json.loads(path.read_text())
+    assert (got["tree"] == [4, 4, 16]) == (said.group(3) == "tree") and got["greedy_identical"]
 
 
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):

@@ -216,6 +216,25 @@ def choose_drafts(args: argparse.Namespace, num_requests: int) -> None:
         args.tree = choice
 
 
+def choose_chain_or_tree(args: argparse.Namespace, num_requests: int) -> None:
+    """--tree auto --budget auto: the chain under the demo pair's step costs or the
+    tree of its tree costs, whichever of the two tables predicts more tokens per
+    second at this batch size (generation/chain_or_tree.py); --budget auto then
+    takes that table's choice."""
+    from specdraft.generation.chain_or_tree import TREE, predicted_speeds
+    from specdraft.generation.step_costs import demo_pair_costs
+    from specdraft.generation.tree_costs import demo_pair_tree_costs
+    from specdraft.tree_shape import TreeShape
+
+    tree = TreeShape(*demo_pair_tree_costs().shape)
+    speeds = predicted_speeds(num_requests, demo_pair_costs(), demo_pair_tree_costs())
+    faster = max(speeds, key=lambda name: (speeds[name], name == TREE))  # the chain on a tie
+    shape = f"{tree.depth},{tree.topk},{tree.num_verify_tokens}"
+    print(f"--tree auto --budget auto: at B = {num_requests} the step costs predict {speeds['chain']:,.0f} tokens/s "
+          f"for the chain, the tree costs {speeds['tree']:,.0f} for the tree {shape}: the {faster}")  # fmt: skip
+    args.tree = tree if faster == TREE else None
+
+
 def describe_drafter(head, name: str) -> str:
     """The drafter as the header line names it."""
     block = getattr(head, "block", None)
@@ -230,14 +249,14 @@ def run_as(decoder) -> str:
     """What the speculative decoder's last run did: a budget table's choice runs as
     plain decoding or the fixed-K iteration where it is one of those; a tree table's,
     as the whole tree, plain decoding or a node budget."""
+    if decoder.proposer is None:
+        return "plain decoding"
     tree = getattr(decoder, "tree", None)
     if tree is not None:
         shape = f"{tree.depth},{tree.topk},{tree.num_verify_tokens}"
         if decoder.budget is None:
             return f"the whole tree {shape}"
         return "plain decoding" if decoder.budget == 0 else f"tree {shape}, budget {decoder.budget} nodes"
-    if decoder.proposer is None:
-        return "plain decoding"
     if decoder.budget is None:
         return f"fixed K = {decoder.k}"
     return f"K = {decoder.k}, budget {decoder.budget}"
@@ -256,7 +275,9 @@ def run_demo(args: argparse.Namespace) -> int:
     compile = compile_options(args.device, not args.no_compile)
     texts = PROMPTS[: args.prompts]
     prompts = encode(texts)
-    if args.tree == "auto":
+    if args.tree == "auto" and args.budget == "auto":
+        choose_chain_or_tree(args, len(prompts))
+    elif args.tree == "auto":
         choose_drafts(args, len(prompts))
     budget = args.budget
     if budget == "auto" and args.tree is not None:
@@ -353,7 +374,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.tree is None:
             eager = SpeculativeDecoder(spec.target, spec.full_proposer, budget=budget, calibration=args.calibration)
         else:
-            eager = TreeSpeculativeDecoder(spec.target, spec.proposer, args.tree, budget=budget)
+            eager = TreeSpeculativeDecoder(spec.target, spec.full_proposer, args.tree, budget=budget)
         seeds = torch.arange(args.seed, args.seed + len(prompts))
         num = len(prompts)
         truncation = {}

@@ -57,7 +57,8 @@ def build_parser(prog: str = "python -m specdraft.demo", description: str | None
         "--budget", metavar="N|auto", help="verify at most N drafts per iteration over the batch, those of best "
         "expected gain (budgeted verification; chains, blocks and trees: tree nodes); auto: the budget with the most expected tokens "
         "per second at this batch size, from the demo pair's measured step costs (0 there: plain decoding; with "
-        "--tree 4,4,16, from its measured tree costs: the whole tree, none or a node budget)",
+        "--tree 4,4,16, from its measured tree costs: the whole tree, none or a node budget; with --tree auto, "
+        "the chain or that tree, whichever of the two tables predicts faster)",
     )  # fmt: skip
     parser.add_argument(
         "--calibration", type=float, metavar="W", help="with --budget: scale each position's survival estimates "
@@ -124,9 +125,16 @@ def check_budget_flag(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"--calibration must be in (0, 1] (the newest pass's weight), got {args.calibration}")
     if args.budget is None:
         return
+    if args.tree == "auto":
+        if args.budget != "auto":
+            parser.error(f"--budget {args.budget} with --tree auto: an int budget counts drafts or tree nodes, so "
+                         "pass a tree shape (D,K,N), leave --tree out, or pass --budget auto (the chain or the "
+                         "tree, whichever the demo pair's measured costs predict faster)")  # fmt: skip
+        if args.calibration is not None:
+            parser.error("--calibration with --tree auto --budget auto: the tree may be chosen, and a tree ranks "
+                         "its nodes by their path probabilities as they are")  # fmt: skip
+        return
     if args.tree is not None:
-        if args.tree == "auto":
-            parser.error("--budget with --tree auto: pass a tree shape (D,K,N) or leave --tree out")
         shipped = shipped_tree_costs_shape() if args.budget == "auto" else None
         if shipped is not None and tree_text_numbers(args.tree) not in (None, shipped):
             parser.error(f"--budget auto with --tree {args.tree}: the demo pair's tree costs were measured with "

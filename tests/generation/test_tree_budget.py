@@ -209,14 +209,16 @@ def test_greedy_equals_oracle(pair, expected, shape, budget, eos):
 @pytest.mark.parametrize("best", [None, 0, 4], ids=["whole-tree", "plain", "budget-4"])
 def test_a_tree_table_runs_its_choice(pair, expected, best):
     """A TreeCosts table whose fastest entry at B = 3 is `best` (the whole tree, plain
-    decoding, 4 nodes): the run takes it (decoder.budget), verifies as it says, and
-    emits the target's own greedy output; a table of another shape is refused."""
+    decoding, 4 nodes): the run takes it (decoder.budget; plain decoding runs without
+    the proposer), verifies as it says, and emits the target's own greedy output; a
+    table of another shape is refused."""
     shape = SHAPES[0]
     rows = {None: (2e-3, 2.0), 0: (1e-3, 1.0), 4: (2e-3, 1.5)}
     rows[best] = (1e-4, rows[best][1])
     decoder = tree_decoder(pair, shape, budget=TreeCosts(shape=shape, rows={3: rows}))
     got = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
-    assert decoder.budget == best
+    assert decoder.budget == (None if best == 0 else best)
+    assert (decoder.proposer is None) == (best == 0)
     assert [t.tolist() for t in got.tokens] == expected[None]
     verified = int(got.stats.verified_per_request.sum())
     if best is None:
@@ -226,6 +228,33 @@ def test_a_tree_table_runs_its_choice(pair, expected, best):
         assert (verified == 0) == (best == 0)
     with pytest.raises(ValueError, match="measured with the tree"):
         tree_decoder(pair, shape, budget=TreeCosts(shape=SHAPES[1], rows={3: rows}))
+
+
+def test_a_plain_run_then_a_tree_run_on_one_decoder(pair, expected):
+    """A table choosing plain decoding at B = 3 and the whole tree at B = 1: the plain
+    run reads no draft at all (the proposer's forward is never called, no aux layers),
+    and the next run at B = 1 drafts and verifies the tree again; both emit the
+    target's own greedy output."""
+    shape = SHAPES[0]
+    rows = {3: {None: (1.0, 2.0), 0: (1e-3, 1.0)}, 1: {None: (1e-3, 2.0), 0: (1.0, 1.0)}}
+    decoder = tree_decoder(pair, shape, budget=TreeCosts(shape=shape, rows=rows))
+    calls = []
+    seen_aux = []
+    hooks = [decoder.full_proposer.model.register_forward_hook(lambda *_: calls.append(1)),
+             decoder.target.register_forward_pre_hook(lambda _m, _a, kw: seen_aux.append(kw.get("aux_layers")),
+                                                      with_kwargs=True)]  # fmt: skip
+    try:
+        plain = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        assert not calls and set(seen_aux) == {None}
+        assert [t.tolist() for t in plain.tokens] == expected[None]
+        assert int(plain.stats.verified_per_request.sum()) == 0
+        tree = decoder.generate(PROMPTS[:1], max_new_tokens=MAX_NEW[:1])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls and decoder.proposer is decoder.full_proposer and decoder.budget is None
+    assert [t.tolist() for t in tree.tokens] == expected[None][:1]
+    assert int(tree.stats.accepted_per_request.sum()) > 0
 
 
 def test_checked_mode_runs_the_budgeted_tree(pair, expected):

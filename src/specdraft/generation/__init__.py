@@ -23,12 +23,14 @@ iteration and the host loop), stats (GenerationStats), checks (input validation)
 
 from specdraft.config import SamplingParams
 
+from .chain_or_tree import ChainOrTree
 from .decoder import GenerationResult, SpeculativeDecoder, Verified, num_kv_blocks
 from .state import DecodeState, Requests, commit
 from .stats import GenerationStats
 from .tree_decoder import TreeDecodeState, TreeSpeculativeDecoder
 
 __all__ = [
+    "ChainOrTree",
     "DecodeState",
     "GenerationResult",
     "GenerationStats",

@@ -54,7 +54,7 @@ from . import checks
 from .decoder import SpeculativeDecoder, Verified
 from .state import DecodeState, Requests, commit
 from .tree_budget import check_tree_budget, has_kept_child, kept_nodes, pack_tree
-from .tree_costs import TreeCosts
+from .tree_costs import PLAIN, TreeCosts
 from .verify import slots_of, target_cut, tree_batch, window_batch
 
 
@@ -188,10 +188,21 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     def generate(self, prompts, **kwargs):
         """SpeculativeDecoder.generate, under a TreeCosts table with this run's budget
-        (`self.budget` says which it took)."""
+        (`self.budget` says which it took; `self.proposer` is None where it took plain
+        decoding)."""
         if isinstance(self.budget_policy, TreeCosts):
-            self.budget = self.budget_policy.choose(len(prompts))
+            self.take_tree_budget(self.budget_policy.choose(len(prompts)))
         return super().generate(prompts, **kwargs)
+
+    def take_tree_budget(self, budget: int | None) -> None:
+        """A TreeCosts choice for the next run. PLAIN runs as plain decoding: no
+        proposer for the run, so no draft prefill, no aux layers and no packing (the
+        tree iteration at budget 0 ran all three: 27% slower than plain decoding at B =
+        1 on an H200); any other budget runs the tree under it (None: every node)."""
+        plain = budget == PLAIN
+        self.proposer = None if plain else self.full_proposer
+        self.k = 0 if plain else self.tree.depth
+        self.budget = None if plain else budget
 
     # ------------------------------------------------------------------ drafting
 
@@ -217,7 +228,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         """propose_tree over each request's accepted path: rows 0 .. counts are the
         root and the accepted nodes, the rest of the path_depth + 1 rows padding
         (num_rejected_tokens); the bonus token is the next token."""
-        if self.budget == 0:  # nothing is ever verified: plain decoding, no draft pass
+        if self.proposer is None or self.budget == 0:  # nothing is ever verified: no draft pass
             return state
         width = self.path_depth + 1
         _, metadata = window_batch(verified.lens, width, requests.block_table, self.block_size, self.reach)
@@ -235,6 +246,8 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
     def verify(self, state: TreeDecodeState, requests: Requests) -> tuple[TreeDecodeState, Verified]:
         """The target over every request's tree, the walk, the KV move and the commit
         (under a budget, `verify_budgeted`)."""
+        if self.proposer is None:  # a TreeCosts table's plain decoding: the chain's pass over one token
+            return super().verify(state, requests)
         if self.budget is not None:
             return self.verify_budgeted(state, requests)
         n = self.tree.num_verify_tokens
