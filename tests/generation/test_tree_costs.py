@@ -47,8 +47,8 @@ def tables(draw):
     value = st.tuples(st.sampled_from([1.0, 2.0, 3.0]), st.sampled_from([1.0, 1.5, 2.0, 3.0]))
     rows = {}
     for batch in batches:
-        budgets = draw(st.lists(st.one_of(st.none(), st.integers(0, batch * 5)), min_size=1, max_size=4, unique=True))
-        rows[batch] = {b: draw(value) for b in budgets}
+        budgets = draw(st.lists(st.one_of(st.none(), st.integers(1, batch * 5)), max_size=3, unique=True))
+        rows[batch] = {b: draw(value) for b in [0, *budgets]}  # plain decoding in every row
     return rows
 
 
@@ -67,14 +67,16 @@ def test_table_checks_and_json():
     bad = [
         (dict(shape=(3, 2)), "shape"),
         (dict(rows={}), "rows"),
-        (dict(rows={4: {21: (1.0, 1.0)}}), r"\[0, 20\]"),  # more nodes than 4 requests have
-        (dict(rows={4: {-1: (1.0, 1.0)}}), "budget"),
-        (dict(rows={4: {None: (0.0, 1.0)}}), "seconds > 0"),
-        (dict(rows={4: {None: (1.0, 0.5)}}), "tokens per request >= 1"),
+        (dict(rows={4: {0: (1.0, 1.0), 21: (1.0, 1.0)}}), r"\[0, 20\]"),  # more nodes than 4 requests have
+        (dict(rows={4: {0: (1.0, 1.0), -1: (1.0, 1.0)}}), "budget"),
+        (dict(rows={4: {0: (1.0, 1.0), None: (0.0, 1.0)}}), "seconds > 0"),
+        (dict(rows={4: {0: (1.0, 1.0), None: (1.0, 0.5)}}), "tokens per request >= 1"),
+        # No plain decoding: a run at B = 1 would scale the budget 1 to nothing, no choice left.
+        (dict(rows={2: {1: (1.0, 1.0)}}), r"rows\[2\]: needs plain decoding's entry"),
     ]
     for change, match in bad:
         with pytest.raises(ValueError, match=match):
-            TreeCosts(**{"shape": SHAPE, "rows": {4: {None: (1.0, 2.0)}}, **change})
+            TreeCosts(**{"shape": SHAPE, "rows": {4: {None: (1.0, 2.0), 0: (1.0, 1.0)}}, **change})
     with pytest.raises(ValueError, match="num_reqs"):
         costs.choose(0)
 

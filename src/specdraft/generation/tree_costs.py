@@ -43,8 +43,8 @@ class TreeCosts:
     """shape: the tree (depth, topk, num_verify_tokens; or a TreeShape) the rows were
     measured with.
     rows: {B: {budget: (seconds per iteration, tokens per request and iteration)}},
-    budget None (the whole tree), 0 (plain decoding) or the nodes kept per iteration
-    over the B requests. device, pair: what was measured."""
+    budget None (the whole tree), 0 (plain decoding, in every row) or the nodes kept
+    per iteration over the B requests. device, pair: what was measured."""
 
     shape: tuple[int, int, int]
     rows: dict[int, dict[int | None, tuple[float, float]]]
@@ -63,6 +63,10 @@ class TreeCosts:
         for batch, row in self.rows.items():
             if not isinstance(batch, int) or batch < 1 or not row:
                 raise ValueError(f"rows[{batch!r}]: a batch size >= 1 with at least one budget")
+            if PLAIN not in row:
+                # Every run can decode plainly, and a row whose node budgets all scale
+                # to nothing at a smaller batch would leave a run no choice at all.
+                raise ValueError(f"rows[{batch}]: needs plain decoding's entry (budget 0)")
             for budget, value in row.items():
                 if budget is not None and not (
                     isinstance(budget, int) and 0 <= budget <= batch * self.nodes_per_request
