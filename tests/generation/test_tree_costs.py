@@ -4,8 +4,6 @@ table's checks and JSON form, the shipped demo pair table, and a TreeSpeculative
 driven by a table (the whole tree, plain decoding or a node budget, each the target's
 own greedy output)."""
 
-import math
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,12 +15,12 @@ SHAPE = (3, 2, 6)  # 5 nodes a request
 
 
 def plain_loop_choice(rows, num_reqs, nodes):
-    """The spec: the nearest measured batch size (in ratio, the smaller on a tie),
-    each budget scaled to num_reqs (to the whole tree at num_reqs * nodes or more; a
+    """The spec: the smallest measured batch size >= num_reqs (the largest beyond
+    them), each budget scaled to num_reqs (to the whole tree at num_reqs * nodes or more; a
     scaled budget of 0 from one above it dropped), the best tokens per second kept per
     scaled budget; the best of those, the whole tree first and plain decoding second
     on ties."""
-    measured = sorted(rows, key=lambda b: (abs(math.log(b / num_reqs)), b))[0]
+    measured = min((b for b in rows if b >= num_reqs), default=max(rows))
     best = {}
     for budget, (seconds, tokens) in rows[measured].items():
         if budget in (None, 0):

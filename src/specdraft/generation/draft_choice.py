@@ -32,6 +32,8 @@ from importlib import resources
 from specdraft.checks import check_int_range
 from specdraft.proposers.tree_build import TreeShape
 
+from .step_costs import measured_batch_for
+
 DraftsTable = tuple[tuple[int, TreeShape | None], ...]  # (batch size, drafts), batch sizes ascending
 
 
@@ -63,10 +65,8 @@ def default_drafts(num_requests: int, table: DraftsTable) -> TreeShape | None:
     check_int_range("num_requests", num_requests, 1, 2**31 - 1)
     if not table:
         raise ValueError("table: no measured batch sizes")
-    for batch, drafts in table:
-        if batch >= num_requests:
-            return drafts
-    return table[-1][1]
+    rows = dict(table)
+    return rows[measured_batch_for(rows, num_requests)]
 
 
 def load_rows(name: str = "demo_pair_drafts.json") -> list[dict]:

@@ -103,9 +103,15 @@ class StepCosts:
         return cls.from_json(pathlib.Path(path).read_text())
 
     def nearest_batch(self, num_reqs: int) -> int:
-        """The smallest measured B >= num_reqs (the largest beyond the table)."""
-        larger = [b for b in self.seconds if b >= num_reqs]
-        return min(larger) if larger else max(self.seconds)
+        return measured_batch_for(self.seconds, num_reqs)
+
+
+def measured_batch_for(batches, num_reqs: int) -> int:
+    """The row of a table measured by batch size that a run of num_reqs requests
+    reads: the smallest measured B >= num_reqs (the largest beyond the table), as
+    StepCosts, TreeCosts and draft_choice.default_drafts all do."""
+    larger = [b for b in batches if b >= num_reqs]
+    return min(larger) if larger else max(batches)
 
 
 def expected_tokens(budget: int, num_reqs: int, rates: Sequence[float]) -> float:

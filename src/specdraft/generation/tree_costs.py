@@ -5,9 +5,10 @@ rates (step_costs.py). A tree's tokens depend on which nodes a budget keeps, so 
 `TreeCosts` table holds, for one tree shape and pair, what each budget measured at
 each batch size: seconds per iteration and tokens per request and iteration
 (acceptance length). `choose` keeps the budget with the most tokens per second at
-the nearest measured batch size, its budget scaled to the run's. Budgets: None, the
-whole tree (every node verified: the unbudgeted tree iteration); 0, plain decoding
-(no draft pass); n > 0, the n best nodes of the batch. `benchmarks/bench_budget.py
+the smallest measured batch size >= the run's (as StepCosts reads its rows), its
+budget scaled to the run's. Budgets: None, the whole tree (every node verified: the
+unbudgeted tree iteration); 0, plain decoding (no draft pass); n > 0, the n best
+nodes of the batch. `benchmarks/bench_budget.py
 --write-costs` writes the demo pair's (`demo_pair_tree_costs`) beside its StepCosts.
 """
 
@@ -18,6 +19,8 @@ import math
 import pathlib
 from dataclasses import dataclass, field
 from importlib import resources
+
+from .step_costs import measured_batch_for
 
 WHOLE_TREE = None  # the budget that verifies every node
 PLAIN = 0  # the budget that verifies none: plain decoding
@@ -79,14 +82,14 @@ class TreeCosts:
                                      f"got {value!r}")  # fmt: skip
 
     def nearest_batch(self, num_reqs: int) -> int:
-        """The measured batch size nearest num_reqs (in ratio; the smaller on a tie)."""
+        """The smallest measured batch size >= num_reqs (the largest beyond the table)."""
         if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or num_reqs < 1:
             raise ValueError(f"num_reqs: an int >= 1, got {num_reqs!r}")
-        return min(self.rows, key=lambda b: (abs(math.log(b / num_reqs)), b))
+        return measured_batch_for(self.rows, num_reqs)
 
     def rates(self, num_reqs: int) -> dict[int | None, float]:
         """{budget for num_reqs requests: measured tokens per second per request} from
-        the nearest measured batch size, its budgets scaled to num_reqs (one that
+        nearest_batch's row, its budgets scaled to num_reqs (one that
         rounds to 0 from a budget above 0 is left out: it would be plain decoding)."""
         measured = self.nearest_batch(num_reqs)
         rates: dict[int | None, float] = {}
