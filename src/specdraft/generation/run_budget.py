@@ -4,9 +4,6 @@ proposer drafting that many tokens, and the acceptance rates the next run's choi
 reads. A mixin of SpeculativeDecoder (its full_proposer, budget_policy,
 acceptance_rates, run_choices and fewer_drafts)."""
 
-import copy
-import dataclasses
-
 from .stats import GenerationStats
 from .step_costs import PLAIN, Choice, conditional_rates, predicted_rates
 
@@ -14,13 +11,9 @@ SWITCH_MARGIN = 0.05  # a budget table's choice changes when another is expected
 
 
 def without_draft_confidence(proposer):
-    """A shallow copy of proposer (head and KV caches shared) whose config does not ask
-    for the draft's confidence (a DSpark confidence head still computes its own)."""
-    if not proposer.config.return_draft_confidence:
-        return proposer
-    plain = copy.copy(proposer)
-    plain.config = dataclasses.replace(proposer.config, return_draft_confidence=False)
-    return plain
+    """Proposer (head and KV caches shared) with a config that does not ask for the
+    draft's confidence (a DSpark confidence head still computes its own)."""
+    return proposer.with_config(return_draft_confidence=False)
 
 
 class RunBudget:

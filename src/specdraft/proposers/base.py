@@ -111,9 +111,19 @@ class Proposer:
             raise ValueError(f"k: {type(self).__name__} drafts exactly its config's K = {self.num_speculative_tokens}")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_speculative_tokens:
             raise ValueError(f"k: an int in [1, {self.num_speculative_tokens}], got {k!r}")
-        fewer = copy.copy(self)
-        fewer.config = dataclasses.replace(self.config, num_speculative_tokens=k)
-        return fewer
+        return self.with_config(num_speculative_tokens=k)
+
+    def with_config(self, **changes) -> "Proposer":
+        """This proposer with config fields replaced (dataclasses.replace's names): a
+        shallow copy sharing its head and KV caches, or itself where nothing changes.
+        The caller keeps the change within what those were built for (with_num_drafts:
+        k <= K)."""
+        config = dataclasses.replace(self.config, **changes)
+        if config == self.config:
+            return self
+        changed = copy.copy(self)
+        changed.config = config
+        return changed
 
     # ------------------------------------------------------------ propose's prologue
 
