@@ -4,8 +4,8 @@ A chain decoder under a StepCosts table (step_costs.py) chooses, per run, plain
 decoding, fixed K or a budget of drafts; a tree decoder under a TreeCosts table
 (tree_costs.py) chooses plain decoding, the whole tree or a node budget. Neither
 can run the other's drafts, and which wins depends on the batch size: on the demo
-pair (H200) the chain of K = 3 beats the tree 4,4,16 at B = 1 by half again, the
-tree beats the chain at B = 4 and 16. `ChainOrTree` holds one decoder of each and
+pair (H200) the chain of K = 3 beats the tree 4,4,16 at B = 1 (by 47-58%) and from B
+= 64, the tree beats the chain at B = 4 and 16. `ChainOrTree` holds one decoder of each and
 runs each call of `generate` on the one whose table predicts more tokens per second
 at that batch size (the chain's from its running acceptance estimate, the tree's
 from its measured tokens), keeping a batch size's previous pick unless the other is
