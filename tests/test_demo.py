@@ -6,6 +6,7 @@ stderr, and --no-progress leaves stderr empty. --drafter dflash / dspark runs th
 shipped block drafters the same way (K = their block by default; --tree and a K past
 the block refused)."""
 
+import argparse
 import json
 import os
 import re
@@ -314,6 +315,22 @@ def test_demo_takes_the_chain_or_the_tree_that_its_tables_predict_faster(tmp_pat
     assert said.group(3) == ("tree" if tree > chain else "chain")
     got = json.loads(path.read_text())
     assert (got["tree"] == [4, 4, 16]) == (said.group(3) == "tree") and got["greedy_identical"]
+
+
+@pytest.mark.parametrize("num_requests", [1, 2, 3, 64])
+def test_chain_or_tree_takes_the_tree_only_when_it_is_predicted_faster(num_requests, capsys):
+    """The demo's --tree auto --budget auto pick: the tree where its prediction is the
+    larger, the chain otherwise (a tie included: at B = 2 both tables predict plain
+    decoding's rate)."""
+    from specdraft.demo import choose_chain_or_tree
+
+    args = argparse.Namespace(tree="auto")
+    choose_chain_or_tree(args, num_requests)
+    said = re.search(r"predict ([\d,]+) tokens/s for the chain, the tree costs ([\d,]+) for the tree 4,4,16: the "
+                     r"(chain|tree)", capsys.readouterr().out)  # fmt: skip
+    chain, tree = (float(said.group(i).replace(",", "")) for i in (1, 2))
+    assert said.group(3) == ("tree" if tree > chain else "chain")
+    assert (args.tree is not None) == (tree > chain)
 
 
 def test_demo_json_records_a_failed_identity_check(tmp_path, capsys, monkeypatch):

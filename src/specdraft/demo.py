@@ -228,7 +228,7 @@ def choose_chain_or_tree(args: argparse.Namespace, num_requests: int) -> None:
 
     tree = TreeShape(*demo_pair_tree_costs().shape)
     speeds = predicted_speeds(num_requests, demo_pair_costs(), demo_pair_tree_costs())
-    faster = max(speeds, key=lambda name: (speeds[name], name == TREE))  # the chain on a tie
+    faster = max(speeds, key=speeds.__getitem__)  # the chain (the first key) on a tie, as ChainOrTree
     shape = f"{tree.depth},{tree.topk},{tree.num_verify_tokens}"
     print(f"--tree auto --budget auto: at B = {num_requests} the step costs predict {speeds['chain']:,.0f} tokens/s "
           f"for the chain, the tree costs {speeds['tree']:,.0f} for the tree {shape}: the {faster}")  # fmt: skip
