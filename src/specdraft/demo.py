@@ -226,8 +226,9 @@ def choose_chain_or_tree(args: argparse.Namespace, num_requests: int) -> None:
     from specdraft.generation.tree_costs import demo_pair_tree_costs
     from specdraft.tree_shape import TreeShape
 
-    tree = TreeShape(*demo_pair_tree_costs().shape)
-    speeds = predicted_speeds(num_requests, demo_pair_costs(), demo_pair_tree_costs())
+    tree_costs = demo_pair_tree_costs()
+    tree = TreeShape(*tree_costs.shape)
+    speeds = predicted_speeds(num_requests, demo_pair_costs(), tree_costs)
     faster = max(speeds, key=speeds.__getitem__)  # the chain (the first key) on a tie, as ChainOrTree
     shape = f"{tree.depth},{tree.topk},{tree.num_verify_tokens}"
     print(f"--tree auto --budget auto: at B = {num_requests} the step costs predict {speeds['chain']:,.0f} tokens/s "

@@ -1,6 +1,7 @@
 """Builders for the generate tests: small random TinyTargetModels, and every proposer
 generate supports, either random (drafts mostly rejected) or built from the
-target's own weights (drafts mostly accepted). Exposed as the `build` fixture.
+target's own weights (drafts mostly accepted). Exposed as the `build` fixture; `pair`
+is the shipped demo pair.
 
 Block drafters (DFlash, DSpark: fixtures.block_drafters) draft a block of
 `head_block_size` (default K) tokens; their copy heads pair with a target whose
@@ -22,6 +23,16 @@ VOCAB = 64
 HIDDEN = 32
 BLOCK_SIZE = 4
 MAX_REQS = 8  # draft caches are sized for this many requests
+
+
+@pytest.fixture(scope="module")
+def pair(device):
+    """The shipped demo pair (target, EAGLE-3 head) on the lane's device
+    (SPECDRAFT_DEVICE=cuda: the ops' kernels)."""
+    from specdraft.assets import load_demo_pair
+
+    torch.manual_seed(0)
+    return load_demo_pair(device=device)
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ shared target cache and proposer emitting the target's own greedy output, and th
 checks on what it is given."""
 
 import pytest
-import torch
 
 from specdraft.assets import load_demo_pair
 from specdraft.config import SpeculativeConfig
@@ -32,12 +31,6 @@ CHAIN_COSTS = StepCosts(seconds={3: {PLAIN: 1e-2, Choice(3, 9): 2e-3}, 1: {PLAIN
 TREE_COSTS = TreeCosts(
     shape=SHAPE, rows={3: {None: (3e-3, 2.5), 0: (1e-2, 1.0)}, 1: {None: (1e-3, 2.5), 0: (1e-2, 1.0)}}
 )
-
-
-@pytest.fixture(scope="module")
-def pair(device):
-    torch.manual_seed(0)
-    return load_demo_pair(device=device)
 
 
 @pytest.fixture(scope="module")

@@ -169,13 +169,6 @@ def test_packed_tree_attention_matches_a_plain_loop(layout):
 
 
 @pytest.fixture(scope="module")
-def pair(device):
-    """The shipped pair on the lane's device (SPECDRAFT_DEVICE=cuda: the ops' kernels)."""
-    torch.manual_seed(0)
-    return load_demo_pair(device=device)
-
-
-@pytest.fixture(scope="module")
 def expected():
     """The dense oracle's greedy decoding (on the CPU, where it runs), and the same
     cut after the first EOS."""

@@ -20,7 +20,7 @@ positions past a request, a chain K), to both.
 from __future__ import annotations
 
 from .decoder import GenerationResult, SpeculativeDecoder
-from .run_budget import SWITCH_MARGIN
+from .run_budget import kept_or_faster
 from .step_costs import StepCosts, predicted_rates
 from .tree_costs import TreeCosts
 from .tree_decoder import TreeSpeculativeDecoder
@@ -80,13 +80,7 @@ class ChainOrTree:
         """The decoder for a run of num_reqs requests: the faster prediction (the chain
         on a tie), or this batch size's previous pick unless the other is predicted
         SWITCH_MARGIN faster."""
-        speeds = self.predicted(num_reqs)
-        best = TREE if speeds[TREE] > speeds[CHAIN] else CHAIN
-        current = self.choices.get(num_reqs)
-        if current is not None and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
-            return current
-        self.choices[num_reqs] = best
-        return best
+        return kept_or_faster(self.predicted(num_reqs), self.choices, num_reqs)  # the chain first: its key on a tie
 
     def generate(self, prompts, **kwargs) -> GenerationResult:
         self.chosen = self.choose(len(prompts))

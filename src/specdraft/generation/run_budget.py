@@ -16,6 +16,18 @@ def without_draft_confidence(proposer):
     return proposer.with_config(return_draft_confidence=False)
 
 
+def kept_or_faster(speeds: dict, picks: dict, num_reqs: int):
+    """The key of `speeds` (expected tokens per second) a run of num_reqs requests
+    takes: picks[num_reqs], the previous pick at this batch size, unless the fastest
+    (the first on a tie) is expected SWITCH_MARGIN faster; picks keeps the result."""
+    best = max(speeds, key=speeds.__getitem__)
+    current = picks.get(num_reqs)
+    if current in speeds and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
+        return current
+    picks[num_reqs] = best
+    return best
+
+
 class RunBudget:
     @property
     def draft_depths(self) -> range:
@@ -31,12 +43,7 @@ class RunBudget:
         change costs a compile, and a noisy estimate should not flip between two near
         equals)."""
         speeds = predicted_rates(num_reqs, self.budget_policy, self.acceptance_rates, self.draft_depths)
-        best = max(speeds, key=speeds.__getitem__)
-        current = self.run_choices.get(num_reqs)
-        if current in speeds and speeds[best] <= speeds[current] * (1 + SWITCH_MARGIN):
-            return current
-        self.run_choices[num_reqs] = best
-        return best
+        return kept_or_faster(speeds, self.run_choices, num_reqs)
 
     def take_choice(self, choice: Choice, num_reqs: int) -> None:
         """A budget table's choice for the next run of num_reqs requests, run as the
