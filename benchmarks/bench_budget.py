@@ -24,7 +24,9 @@ decoder, auto included, timed again side by side (the rows). --trees: plain, fix
 TreeCosts table of those rounds. --both: plain, fixed K = 1 and 3, a budget of 2B
 drafts, the tree whole and under 3B nodes, and auto a ChainOrTree of the StepCosts and
 the TreeCosts of those rounds (per run the chain or the tree, whichever predicts
-faster). A configuration measures
+faster). --control: a second copy of the configuration fastest in the first rounds
+runs in the second rounds too (row "control"), its rate over the first copy's the
+noise floor of a paired ratio. A configuration measures
 up to 30% apart in two processes on this launch-bound pair, so only rates of the same
 rounds are compared.
 
@@ -253,25 +255,37 @@ def summary(batch: int, name: str, k: int, budget, runs, want) -> dict:
     }  # fmt: skip
 
 
-def against(auto: dict, rows: list[dict], modes) -> dict:
-    """Auto's rate over the best row of `modes`: the medians' ratio, and paired per
-    round (both ran in each round), median and quartiles."""
-    best = max((r for r in rows if r["mode"] in modes), key=lambda r: r["decode_tokens_per_s"])
-    paired = sorted(a / b for a, b in zip(auto["round_rates"], best["round_rates"], strict=True))
-    return {"best": best["mode"] + (f" k={best['k']}" if best["k"] else "") + (f" budget={best['budget']}" if
-                                                                              best["budget"] else ""),
-            "medians": auto["decode_tokens_per_s"] / best["decode_tokens_per_s"], "paired": paired[len(paired) // 2],
+def row_name(row: dict) -> str:
+    return row["mode"] + (f" k={row['k']}" if row["k"] else "") + (f" budget={row['budget']}" if row["budget"] else "")
+
+
+def ratio(row: dict, other: dict) -> dict:
+    """`row`'s rate over `other`'s: the medians' ratio, and paired per round (both ran
+    in each round), median and quartiles."""
+    paired = sorted(a / b for a, b in zip(row["round_rates"], other["round_rates"], strict=True))
+    return {"best": row_name(other), "medians": row["decode_tokens_per_s"] / other["decode_tokens_per_s"],
+            "paired": paired[len(paired) // 2],
             "paired_quartiles": [paired[len(paired) // 4], paired[(3 * len(paired)) // 4]]}  # fmt: skip
 
 
-def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int, kind: str = "chains") -> list[dict]:
+def against(auto: dict, rows: list[dict], modes) -> dict:
+    """Auto's rate over the best row of `modes` (`ratio`)."""
+    return ratio(auto, max((r for r in rows if r["mode"] in modes), key=lambda r: r["decode_tokens_per_s"]))
+
+
+def side_by_side_batch(
+    device, batch: int, compile, max_new: int, rounds: int, kind: str = "chains", control: bool = False
+) -> list[dict]:
     """The configurations of SIDE_BY_SIDE[kind], each compiled once, in one process
     and timed in interleaved rounds; a table from those rounds (chains: StepCosts,
     trees: TreeCosts of TREE); a decoder given that table ("auto") compiled too; then
     every decoder, auto included, timed again in interleaved rounds (the rows
     reported). Auto's row says what it ran and its rate against the best of what it
     can choose from (`vs_choices`) and of plain, fixed K and the tree (`vs_best`),
-    both from the same rounds."""
+    both from the same rounds. `control`: a second copy of the configuration fastest
+    in the first rounds, built and compiled as it was, runs in the second rounds too
+    (mode "control"); its rate over the original's measures how far two copies of one
+    iteration read apart in these rounds."""
     from specdraft.demo import run_as
 
     prompts = encode([PROMPTS[i % len(PROMPTS)] for i in range(batch)])
@@ -296,15 +310,31 @@ def side_by_side_batch(device, batch: int, compile, max_new: int, rounds: int, k
         _, decoders["auto"] = build_decoders(device, K, batch, compile, budget=costs_of(measured, "this run"))
     timed_run(decoders["auto"], prompts, max_new)
     shapes["auto"] = ("auto", TREE.depth if kind == "trees" else K, None)
+    if control:
+        fastest = max(measured, key=lambda r: r["decode_tokens_per_s"])
+        copied = next(name for name in shapes if shapes[name] == (fastest["mode"], fastest["k"], fastest["budget"]))
+        decoders["control"] = copy_of(device, batch, compile, *shapes[copied])
+        timed_run(decoders["control"], prompts, max_new)
+        shapes["control"] = ("control", *shapes[copied][1:])
     second = interleaved(decoders, prompts, max_new, rounds)
     rows = [summary(batch, *shapes[name], second[name], want) for name in decoders]
-    auto = rows[-1]
+    if control:  # the last row, after auto's
+        original = rows[list(decoders).index(copied)]
+        rows[-1].update(copy_of=row_name(original), vs_original=ratio(rows[-1], original))
+    auto = next(r for r in rows if r["mode"] == "auto")
     ran = decoders["auto"].last if kind == "both" else decoders["auto"]
     auto.update(kind=kind, k=ran.k, budget=ran.budget, run_as=run_as(ran),
                 vs_choices=against(auto, rows, CHOICES[kind]), vs_best=against(auto, rows, ("plain", "fixed", "tree")))  # fmt: skip
     if kind == "both":
         auto.update(chosen=decoders["auto"].chosen, predicted=decoders["auto"].predicted(batch))
     return rows
+
+
+def copy_of(device, batch: int, compile, mode: str, k: int, budget):
+    """A second decoder of a side-by-side configuration, built as the first was."""
+    plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget,
+                                 tree=TREE if mode.startswith("tree") else None)  # fmt: skip
+    return plain if mode == "plain" else spec
 
 
 def chain_or_tree(device, batch: int, compile, measured) -> ChainOrTree:
@@ -326,15 +356,19 @@ def side_by_side(args, device, compile, name: str) -> int:
     print("|---|---|---|---|---|---|")
     ok = True
     for batch in args.batch_sizes:
-        rows = side_by_side_batch(device, batch, compile, args.max_new_tokens, args.rounds, kind)
+        rows = side_by_side_batch(device, batch, compile, args.max_new_tokens, args.rounds, kind, args.control)
         ok &= all(r["lossless"] for r in rows)
-        auto = rows[-1]
+        auto = next(r for r in rows if r["mode"] == "auto")
         for r in rows:
             what = r["mode"] + (f" k={r['k']}" if r["k"] and r["mode"] != "auto" else "")
             what += f" budget={r['budget']}" if r["budget"] and r["mode"] != "auto" else ""
             if r is auto:
                 what = f"**auto** (runs {auto['run_as']})"
             versus = ""
+            if r["mode"] == "control":
+                v, (low, high) = r["vs_original"], r["vs_original"]["paired_quartiles"]
+                what = f"control (a second {r['copy_of']})"
+                versus = f"it / the first: {v['medians']:.3f}, {v['paired']:.3f} ({low:.3f}-{high:.3f})"
             for label in ("vs_choices", "vs_best"):
                 v = auto[label]
                 if r is not auto and v["best"] == what.split(" (")[0]:
@@ -386,6 +420,8 @@ def main(argv=None) -> int:
                         "TreeCosts auto (with plain and fixed K = 3) instead of the chains'")  # fmt: skip
     parser.add_argument("--both", action="store_true", help="--side-by-side: the chains' and the tree's "
                         "configurations, and a ChainOrTree auto over both tables")  # fmt: skip
+    parser.add_argument("--control", action="store_true", help="--side-by-side: a second copy of the fastest "
+                        "configuration in the timed rounds, to show how far two copies of one iteration read apart")  # fmt: skip
     args = parser.parse_args(argv)
     if args.write_costs:
         return write_costs(args.device_name)

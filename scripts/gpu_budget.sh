@@ -19,6 +19,7 @@
 #                                          # (one process, interleaved rounds) at B = $BENCH_SIZES (default 1 16 256);
 #                                          # TREES=1: the tree's configurations and a TreeCosts auto;
 #                                          # BOTH=1: chains' and the tree's, and a ChainOrTree auto
+#                                          # CONTROL=1: a second copy of the fastest configuration (noise)
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
 DEFAULT_OUT=/tmp/gpu_budget
@@ -108,7 +109,7 @@ side() {
             > "$OUT/tests_step_costs.log" 2>&1
         echo "step-cost and budget tests: exit $?"; tail -6 "$OUT/tests_step_costs.log"
     fi
-    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side ${TREES:+--trees} ${BOTH:+--both} \
+    CUDA_VISIBLE_DEVICES=0 timeout "${1:-420}" python3 benchmarks/bench_budget.py --side-by-side ${TREES:+--trees} ${BOTH:+--both} ${CONTROL:+--control} \
         --batch-sizes ${BENCH_SIZES:-1 16 256} --rounds ${ROUNDS:-21} > "$OUT/bench_side_by_side.log" 2>&1
     echo "bench_budget --side-by-side: exit $?"; grep -v "^|" "$OUT/bench_side_by_side.log" | tail -12
     grep "^|" "$OUT/bench_side_by_side.log"
