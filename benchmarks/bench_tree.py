@@ -30,7 +30,7 @@ from record import append_rows
 
 from specdraft.config import SamplingParams
 from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
-from specdraft.models import attention
+from specdraft.models import attention, linear
 from specdraft.proposers import TreeShape
 
 
@@ -154,7 +154,8 @@ def main() -> int:
             "eager": compile is False,
             "max_new_tokens": max_new,
             "attention": attention.ATTENTION_FORM,
-        }  # SPECDRAFT_ATTENTION; rows before it ran "sdpa" or "fp32"
+            "small_linear": linear.SMALL_LINEAR_FORM,
+        }  # SPECDRAFT_ATTENTION, SPECDRAFT_SMALL_LINEAR; rows before them ran "sdpa" or "fp32", and "blas"
         append_rows("tree", [({**{k: r[k] for k in CONFIG_KEYS}, **config},
                               {**{k: v for k, v in r.items() if k not in CONFIG_KEYS},
                                "plain_decode_tokens_per_s": plain_rate}) for r in rows], device=name)  # fmt: skip

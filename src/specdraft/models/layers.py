@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.models.config import DraftModelConfig
+from specdraft.models.linear import Linear
 from specdraft.models.regions import compile_region, layer_regions_on
 from specdraft.models.rope import RotaryEmbedding
 
@@ -70,10 +71,10 @@ class SelfAttention(nn.Module):
         c = config
         input_size = c.hidden_size if input_size is None else input_size
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(input_size, c.num_heads * c.head_dim, bias=c.attention_bias)
-        self.k_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
-        self.v_proj = nn.Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
+        self.q_proj = Linear(input_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = Linear(input_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
         # Qwen3: RMSNorm over each head's head_dim, on q and k, before RoPE.
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
@@ -110,9 +111,9 @@ class SelfAttention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     @compile_region
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads import check_shareable
 from specdraft.models.kv_cache import allocate_kv_caches
 from specdraft.models.layers import DecoderLayer, RMSNorm, TokenEmbedding
+from specdraft.models.linear import Linear
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -35,7 +36,7 @@ class TinyTargetModel(nn.Module):
         self.embed_tokens = TokenEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(config.dtype)
 
     @property

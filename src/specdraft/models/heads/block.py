@@ -34,6 +34,7 @@ from torch import nn
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.base import DraftHead
 from specdraft.models.layers import Attend, DecoderLayer, RMSNorm, TokenEmbedding
+from specdraft.models.linear import Linear
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 
@@ -122,11 +123,11 @@ class MarkovHead(nn.Module):
         super().__init__()
         self.kind, self.rank = kind, rank
         self.markov_w1 = TokenEmbedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = Linear(rank, vocab_size, bias=False)
         if kind == "gated":
-            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+            self.gate_proj = Linear(hidden_size + rank, rank)
         if kind == "rnn":
-            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+            self.joint_proj = Linear(2 * rank + hidden_size, 3 * rank)
 
     def prev_embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.markov_w1(token_ids.long())
@@ -169,7 +170,7 @@ class ConfidenceHead(nn.Module):
 
     def __init__(self, input_size: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(input_size, 1)
+        self.proj = Linear(input_size, 1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.proj(features).squeeze(-1).float()
@@ -210,9 +211,9 @@ class BlockDraftHead(DraftHead):
         h = config.hidden_size
         self.layers = nn.ModuleList([self.build_layer(config) for _ in range(config.num_layers)])
         self.norm = self.build_norm(h)
-        self.fc = nn.Linear(len(block.target_layer_ids) * config.target_hidden_size, h, bias=False)
+        self.fc = Linear(len(block.target_layer_ids) * config.target_hidden_size, h, bias=False)
         self.hidden_norm = self.build_norm(h)
-        self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.lm_head = Linear(h, config.vocab_size, bias=False)
         self.markov_head = (
             MarkovHead(block.markov_head_type, config.vocab_size, block.markov_rank, h) if block.markov_rank else None
         )

@@ -36,6 +36,7 @@ from torch import nn
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.block import BlockConfig, BlockDraftHead
 from specdraft.models.layers import Attend
+from specdraft.models.linear import Linear
 from specdraft.models.regions import compile_region
 from specdraft.models.rope import RotaryEmbedding, inverse_frequencies
 
@@ -108,14 +109,14 @@ class Gemma4Attention(nn.Module):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = (
             None
             if gemma.attention_k_eq_v
-            else nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+            else Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         )
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_proj_bias)
         self.q_norm = GemmaRMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(c.head_dim, c.rms_norm_eps)
         self.v_norm = GemmaRMSNorm(c.head_dim, c.rms_norm_eps, with_scale=False)
@@ -150,9 +151,9 @@ class Gemma4Attention(nn.Module):
 class GeluMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     @compile_region
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from torch import nn
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.base import DraftHead
 from specdraft.models.layers import DecoderLayer, RMSNorm
+from specdraft.models.linear import Linear
 
 
 class EagleHead(DraftHead):
@@ -27,10 +28,10 @@ class EagleHead(DraftHead):
         if config.hidden_feed == "normed" and not final_norm:
             raise ValueError("hidden_feed: 'normed' needs the final norm, and this EAGLE head has none")
         h = config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=fc_bias)
+        self.fc = Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(config, input_norm=input_norm)])
         self.norm = RMSNorm(h, config.rms_norm_eps) if final_norm else None
-        self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.lm_head = Linear(h, config.vocab_size, bias=False)
         self.to(config.dtype)
 
     @property
@@ -90,10 +91,10 @@ class Eagle3Head(DraftHead):
         # norm_before_fc: one norm over the concatenation (its checkpoint name).
         self.fc_norm = nn.ModuleList([RMSNorm(th, eps) for _ in range(3)]) if config.fc_norm else None
         self.input_norm = RMSNorm(3 * th, eps) if config.norm_before_fc else None
-        self.fc = nn.Linear(3 * th, h, bias=False)
+        self.fc = Linear(3 * th, h, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.lm_head = nn.Linear(h, dv, bias=False)
+        self.lm_head = Linear(h, dv, bias=False)
         self.register_buffer("d2t", torch.zeros(dv, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool) if dv == config.vocab_size
                              else torch.zeros(config.vocab_size, dtype=torch.bool))  # fmt: skip

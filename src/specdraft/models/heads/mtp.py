@@ -9,6 +9,7 @@ from torch import nn
 from specdraft.models.config import DraftModelConfig
 from specdraft.models.heads.base import DraftHead
 from specdraft.models.layers import DecoderLayer, RMSNorm
+from specdraft.models.linear import Linear
 
 
 class MTPLayer(DecoderLayer):
@@ -20,10 +21,10 @@ class MTPLayer(DecoderLayer):
         h, eps = config.hidden_size, config.rms_norm_eps
         self.enorm = RMSNorm(h, eps)
         self.hnorm = RMSNorm(h, eps)
-        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.eh_proj = Linear(2 * h, h, bias=False)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, eps)
-        self.shared_head.head = nn.Linear(h, config.vocab_size, bias=False) if own_head else None
+        self.shared_head.head = Linear(h, config.vocab_size, bias=False) if own_head else None
 
     def step_input(self, emb, hidden) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention input, residual) of the embedding and the hidden state."""
@@ -52,7 +53,7 @@ class MTPHead(DraftHead):
         self.mask_position_zero = mask_position_zero
         self.shares_lm_head_by_default = not per_layer_lm_head
         self.layers = nn.ModuleList([MTPLayer(config, per_layer_lm_head) for _ in range(config.n_predict)])
-        self.lm_head = None if per_layer_lm_head else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if per_layer_lm_head else Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(config.dtype)
 
     @property
