@@ -269,6 +269,20 @@ def test_block_drafter_k_defaults_to_the_block_and_the_run():
     assert demo.parse_args([]).k == demo.DEFAULT_K and demo.parse_args([]).drafter == "eagle3"
 
 
+def test_the_chain_on_cuda_defaults_to_the_deeper_k():
+    """On CUDA the plain chain demo drafts DEFAULT_K_CUDA (5, the demo pair's fastest
+    chain there); with a tree or a budget, whose tables were measured at K = 3, and on
+    the CPU, DEFAULT_K; an explicit --k wins everywhere."""
+    assert (demo.DEFAULT_K, demo.DEFAULT_K_CUDA) == (3, 5)
+    assert demo.parse_args(["--device", "cuda"]).k == 5
+    assert demo.parse_args(["--device", "cuda:1"]).k == 5
+    assert demo.parse_args(["--device", "cuda", "--k", "2"]).k == 2
+    assert demo.parse_args(["--device", "cuda", "--budget", "auto"]).k == 3
+    assert demo.parse_args(["--device", "cuda", "--tree", "auto"]).k == 3
+    assert demo.parse_args(["--device", "cuda", "--tree", "4,4,16"]).tree.depth == 4
+    assert demo.parse_args(["--device", "cpu"]).k == 3
+
+
 def test_demo_with_a_calibrated_budget(tmp_path, capsys):
     """--budget 3 --calibration 0.5: identical greedy outputs, the budget and the
     calibration named in the header and recorded in --json."""

@@ -44,6 +44,7 @@ from specdraft.demo_args import (  # noqa: F401  (the demo's constants and parse
     BLOCK_DRAFTERS,
     BLOCK_SIZE,
     DEFAULT_K,
+    DEFAULT_K_CUDA,
     DRAFTERS,
     MAX_MODEL_LEN,
     PROMPTS,

@@ -27,6 +27,11 @@ PROMPTS = (
     "try:\n    import _thread\nexcept ImportError:\n",
 )
 DEFAULT_K = 3
+# On CUDA, with neither --tree nor --budget: the fastest chain on the demo pair at B =
+# 1 in every H200 run of benchmarks/bench_tree.py (speed-up over plain decoding 1.99x
+# and 3.79x against K = 3's 1.72x and 2.74x; benchmarks/README.md). On the CPU the
+# deeper chain's extra draft steps cost more than they save, so K = 3 stays.
+DEFAULT_K_CUDA = 5
 DRAFTERS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 BLOCK_DRAFTERS = ("dflash", "dspark")
 MAX_MODEL_LEN = 384  # the longest prompt (~130 bytes) + max_new_tokens fits
@@ -44,7 +49,8 @@ def build_parser(prog: str = "python -m specdraft.demo", description: str | None
         "DSpark adds a Markov head over the block and a confidence head)",
     )  # fmt: skip
     parser.add_argument(
-        "--k", type=int, help=f"draft tokens per verify pass (default {DEFAULT_K}; a block drafter: its block size, "
+        "--k", type=int, help=f"draft tokens per verify pass (default {DEFAULT_K}; on cuda without --tree or --budget "
+        f"{DEFAULT_K_CUDA}; a block drafter: its block size, "
         "at most that; at most --max-new-tokens - 1, the drafts a run can keep). Not with --tree D,K,N (the tree's "
         "depth D is its K); with --tree auto, the chain shown where the table picks plain decoding",
     )  # fmt: skip
@@ -109,7 +115,9 @@ def parse_args(argv=None, prog: str = "python -m specdraft.demo", description: s
     tree = None if args.tree is None else tree_numbers(parser, args.tree)
     if tree is not None and args.k is not None:
         parser.error(f"--k and --tree {args.tree}: the tree's depth is its K (pass one of them)")
-    args.k = DEFAULT_K if args.k is None else args.k
+    if args.k is None:
+        chain_on_cuda = args.device.startswith("cuda") and args.tree is None and args.budget is None
+        args.k = DEFAULT_K_CUDA if chain_on_cuda else DEFAULT_K
     if tree is not None:
         args.tree = tree_shape(parser, args.tree, tree)
     return args

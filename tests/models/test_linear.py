@@ -2,8 +2,8 @@
 it replaces F.linear exactly where its conditions hold (fp32, a static row count of
 at most SMALL_ROWS, a device in REDUCTION_DEVICES). The CUDA graph's structure is
 seen on the CPU by adding "cpu" to the devices; eager calls, symbolic row counts and
-other dtypes keep F.linear. (tests/models/test_models_compile.py runs every head and
-the target through it on CUDA: 16 rows, fp32, compiled against eager.)"""
+other dtypes keep F.linear. (tests/models/test_models_compile.py compiles the demo
+pair's kinds, EAGLE-3 and the target, with it at 16 rows against eager.)"""
 
 import pytest
 import torch
@@ -58,6 +58,7 @@ def dynamo_calls(fn, x, dynamic=False) -> tuple[list[str], torch.Tensor]:
 def test_the_compiled_graph_takes_the_reduction_form_where_it_should(
     monkeypatch, shape, dtype, devices, dynamic, reduced
 ):
+    monkeypatch.setattr(linear_module, "SMALL_LINEAR_FORM", "reduction")  # opt-in (SPECDRAFT_SMALL_LINEAR)
     monkeypatch.setattr(linear_module, "REDUCTION_DEVICES", devices)
     torch.manual_seed(0)
     layer = Linear(32, 24).to(dtype)
@@ -71,9 +72,19 @@ def test_the_compiled_graph_takes_the_reduction_form_where_it_should(
 
 def test_eager_calls_keep_f_linear(monkeypatch):
     """Eagerly the product would be materialised (rows x out x in): never there."""
+    monkeypatch.setattr(linear_module, "SMALL_LINEAR_FORM", "reduction")
     monkeypatch.setattr(linear_module, "REDUCTION_DEVICES", ("cuda", "cpu"))
     x, weight = torch.randn(4, 32), torch.randn(24, 32)
     assert not takes_reduction_form(x, weight)
+
+
+def test_the_default_form_keeps_f_linear_in_a_compile(monkeypatch):
+    """As shipped (SPECDRAFT_SMALL_LINEAR unset: blas), a compile on any device keeps
+    F.linear."""
+    monkeypatch.setattr(linear_module, "SMALL_LINEAR_FORM", "blas")
+    monkeypatch.setattr(linear_module, "REDUCTION_DEVICES", ("cuda", "cpu"))
+    calls, _ = dynamo_calls(Linear(32, 24), torch.randn(4, 32))
+    assert any("linear" in call for call in calls), calls
 
 
 def test_linear_keeps_nn_linear_parameters_and_state_dict():

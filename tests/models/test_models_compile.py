@@ -14,6 +14,7 @@ from specdraft.models import (
     MTPHead,
     TinyTargetModel,
     default_aux_layers,
+    linear,
 )
 from specdraft.testing import CompileCounts, fresh_compile
 
@@ -93,8 +94,33 @@ def clone(args):
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp", "target"])
 def test_fullgraph_equals_eager(device, kind):
+    check_fullgraph_equals_eager(device, kind)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "target"])
+def test_fullgraph_equals_eager_with_small_linears_as_reductions(monkeypatch, device, kind):
+    """The demo pair's kinds with SPECDRAFT_SMALL_LINEAR=reduction, on this lane's
+    device as on CUDA: 16 rows (15 tokens and the pad), so every projection is a
+    reduction (models/linear.py), which the Dynamo graph shows."""
+    monkeypatch.setattr(linear, "SMALL_LINEAR_FORM", "reduction")
+    monkeypatch.setattr(linear, "REDUCTION_DEVICES", ("cuda", torch.device(device).type))
+    lens = [4, 2, 9]
+    check_fullgraph_equals_eager(device, kind, lens)
+    calls = []
+
+    def record_calls(gm, example_inputs):
+        calls.extend(str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
+        return gm.forward
+
     model = make(kind, device)
-    eager_in = inputs(model, kind, [5, 2, 9], device)
+    with torch.no_grad():
+        fresh_compile(step_fn(model, kind), backend=record_calls, fullgraph=True)(*inputs(model, kind, lens, device))
+    assert not any("linear" in call for call in calls) and "sum" in calls, calls
+
+
+def check_fullgraph_equals_eager(device, kind, lens=(5, 2, 9)):
+    model = make(kind, device)
+    eager_in = inputs(model, kind, list(lens), device)
     compiled_in = clone(eager_in)
     with torch.no_grad():
         want = step_fn(model, kind)(*eager_in)

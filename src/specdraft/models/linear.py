@@ -1,12 +1,11 @@
 """nn.Linear, with a reduction form for few fp32 rows on CUDA inside a compile.
 
-At 6-16 rows cuBLAS picks a general FFMA GEMM for fp32 (37 µs for the demo pair's
-256 x 768 MLP projection on an H200, profiled with benchmarks/bench_tree_batch.py
---profile) where one row takes a 2.3 µs GEMV: a verify forward of a few tokens then
-costs several times a decode step, which is most of the gap between a chain's
-acceptance length and its speed-up on the demo pair. Written as a product and a
-sum over the input features, the projection is a reduction Inductor generates
-itself (and fuses with its neighbours), about as fast at 16 rows as at one.
+cuBLAS picks a general FFMA GEMM for fp32 at a few rows: on an H200 26-53 µs at 8
+rows for the demo pair's projections, where one row takes a 2-3 µs GEMV
+(benchmarks/bench_small_linear.py), so a verify forward of a few tokens costs several
+times a decode step. Written as a product and a sum over the input features, the
+projection is a reduction Inductor generates itself: 1.5-3.1 µs at 1-8 rows and
+1.8-4.9 µs at 16 (where cuBLAS's choice varies, 3.3-53 µs).
 
 Only where all of these hold, so nothing else changes:
 - inside torch.compile (eagerly the product would be materialised: rows x out x in);
@@ -14,8 +13,11 @@ Only where all of these hold, so nothing else changes:
   CPU the BLAS call is the fast one);
 - a static row count of at most SMALL_ROWS (a symbolic one would need a guard).
 
-SPECDRAFT_SMALL_LINEAR=blas (read at import) keeps cuBLAS everywhere, for
-side-by-side benches.
+Opt-in for now: SPECDRAFT_SMALL_LINEAR=reduction (read at import) turns it on; the
+default, blas, keeps cuBLAS everywhere, because the demo pair's shipped step-cost and
+tree-cost tables (generation/demo_pair_*.json) and their side-by-side figures were
+measured with cuBLAS, and a faster verify at few rows changes what they should pick
+at B <= 4.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 SMALL_ROWS = 16
 REDUCTION_DEVICES = ("cuda",)  # tests add "cpu" to see the CUDA graph's structure on a CPU
-SMALL_LINEAR_FORM = os.environ.get("SPECDRAFT_SMALL_LINEAR", "reduction")
+SMALL_LINEAR_FORM = os.environ.get("SPECDRAFT_SMALL_LINEAR", "blas")
 if SMALL_LINEAR_FORM not in ("reduction", "blas"):
     raise ValueError(f"SPECDRAFT_SMALL_LINEAR must be reduction or blas, got {SMALL_LINEAR_FORM!r}")
 
