@@ -51,6 +51,7 @@ from specdraft.demo import PROMPTS, build_decoders, compile_options, encode
 from specdraft.generation import ChainOrTree, SpeculativeDecoder
 from specdraft.generation.step_costs import PLAIN, Choice, StepCosts, conditional_rates
 from specdraft.generation.tree_costs import TreeCosts
+from specdraft.models import linear
 from specdraft.proposers import TreeShape
 
 K = 3
@@ -379,14 +380,21 @@ def side_by_side(args, device, compile, name: str) -> int:
         if not args.smoke:
             for r in rows:
                 config = {key: r[key] for key in ("B", "mode", "k", "budget")}
-                config.update(max_new_tokens=args.max_new_tokens, rounds=args.rounds, kind=kind)
+                config.update(max_new_tokens=args.max_new_tokens, rounds=args.rounds, kind=kind,
+                              small_linear=linear.SMALL_LINEAR_FORM)  # fmt: skip
                 metrics = {key: v for key, v in r.items() if key not in config}
                 append_rows("budget_side_by_side", [(config, metrics)], device=name)
     return 0 if ok else 1
 
 
 def write_costs(device_name: str | None) -> int:
-    rows = [r for r in latest(read_rows("budget", RESULTS)) if r["config"]["mode"] != "auto"]
+    """The package's demo pair tables from the newest `budget` rows of one device
+    measured with this process's few-row linear form (SPECDRAFT_SMALL_LINEAR; rows
+    from before the column, blas)."""
+    form = linear.SMALL_LINEAR_FORM
+    rows = [r for r in latest(read_rows("budget", RESULTS))
+            if r["config"]["mode"] != "auto" and r["config"].get("small_linear", "blas") == form]  # fmt: skip
+    print(f"rows measured with few-row fp32 linears as {form} (SPECDRAFT_SMALL_LINEAR)")
     device_name = device_name or rows[-1]["device"]
     flat = [{**r["config"], **r["metrics"]} for r in rows if r["device"] == device_name]
     costs = costs_of(flat, device_name)
@@ -462,7 +470,7 @@ def main(argv=None) -> int:
         for r in measured + (autos[-1:] if not args.only else []):
             if not args.smoke:
                 config = {key: r[key] for key in ("B", "mode", "k", "budget")}
-                config.update(max_new_tokens=max_new, repeats=repeats)
+                config.update(max_new_tokens=max_new, repeats=repeats, small_linear=linear.SMALL_LINEAR_FORM)
                 metrics = {key: v for key, v in r.items() if key not in config and key != "tokens"}
                 append_rows("budget", [(config, metrics)], device=name)
         rows += [{key: v for key, v in r.items() if key != "tokens"} for r in measured]

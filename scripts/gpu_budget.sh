@@ -22,6 +22,9 @@
 #                                          # CONTROL=1: a second copy of the fastest configuration (noise)
 #   bash scripts/gpu_budget.sh all         # an 8-GPU machine: tests then ops on GPU 0 while bench runs on
 #                                          # GPUs 1-7 (about 8 minutes)
+# SPECDRAFT_SMALL_LINEAR=reduction in front of a stage measures with few-row fp32 linears as reductions
+# (models/linear.py); the rows carry the form, and `bench_budget.py --write-costs` run with the same
+# variable writes the demo pair's tables from that form's rows only.
 DEFAULT_OUT=/tmp/gpu_budget
 source "$(dirname "$0")/gpu_setup.sh"
 stage=${1:-tests}
