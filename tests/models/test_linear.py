@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from specdraft.models import linear as linear_module
 from specdraft.models.linear import SMALL_ROWS, Linear, linear_as_reduction, takes_reduction_form
-from specdraft.testing import fresh_compile
+
+from fixtures.traced_calls import traced_calls
 
 
 @pytest.mark.parametrize(
@@ -28,18 +29,6 @@ def test_reduction_equals_a_float64_product(device, lead, features, out, bias):
     assert got.shape == (*lead, out) and got.dtype == torch.float32
     # fp32 sums of `features` unit-variance products: rounding grows like their sqrt.
     torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 * features)
-
-
-def dynamo_calls(fn, x, dynamic=False) -> tuple[list[str], torch.Tensor]:
-    """The functions the Dynamo graph of fn(x) calls, and fn's compiled output."""
-    calls = []
-
-    def backend(gm, example_inputs):
-        calls.extend(str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
-        return gm.forward
-
-    out = fresh_compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(x)
-    return calls, out
 
 
 @pytest.mark.parametrize(
@@ -63,7 +52,7 @@ def test_the_compiled_graph_takes_the_reduction_form_where_it_should(
     torch.manual_seed(0)
     layer = Linear(32, 24).to(dtype)
     x = torch.randn(shape, dtype=dtype)
-    calls, out = dynamo_calls(layer, x, dynamic)
+    calls, out = traced_calls(layer, x, dynamic=dynamic)
     assert any("linear" in call for call in calls) is not reduced, calls
     assert any("sum" in call for call in calls) is reduced, calls
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
@@ -83,7 +72,7 @@ def test_the_default_form_keeps_f_linear_in_a_compile(monkeypatch):
     F.linear."""
     monkeypatch.setattr(linear_module, "SMALL_LINEAR_FORM", "blas")
     monkeypatch.setattr(linear_module, "REDUCTION_DEVICES", ("cuda", "cpu"))
-    calls, _ = dynamo_calls(Linear(32, 24), torch.randn(4, 32))
+    calls, _ = traced_calls(Linear(32, 24), torch.randn(4, 32))
     assert any("linear" in call for call in calls), calls
 
 

@@ -18,6 +18,8 @@ from specdraft.models import (
 )
 from specdraft.testing import CompileCounts, fresh_compile
 
+from fixtures.traced_calls import traced_calls
+
 CFG = DraftModelConfig(
     hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8, vocab_size=67, draft_vocab_size=29
 )
@@ -106,15 +108,9 @@ def test_fullgraph_equals_eager_with_small_linears_as_reductions(monkeypatch, de
     monkeypatch.setattr(linear, "REDUCTION_DEVICES", ("cuda", torch.device(device).type))
     lens = [4, 2, 9]
     check_fullgraph_equals_eager(device, kind, lens)
-    calls = []
-
-    def record_calls(gm, example_inputs):
-        calls.extend(str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
-        return gm.forward
-
     model = make(kind, device)
     with torch.no_grad():
-        fresh_compile(step_fn(model, kind), backend=record_calls, fullgraph=True)(*inputs(model, kind, lens, device))
+        calls, _ = traced_calls(step_fn(model, kind), *inputs(model, kind, lens, device))
     assert not any("linear" in call for call in calls) and "sum" in calls, calls
 
 

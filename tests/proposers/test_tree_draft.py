@@ -13,6 +13,7 @@ from specdraft.proposers import EagleProposer, TreeShape
 from specdraft.testing.proposers import make_draft_batch
 
 from fixtures.draft_heads import VOCAB, make_head
+from fixtures.traced_calls import traced_calls
 from specs.draft_tree import path_of, top_ids
 from specs.proposer import oracle_path_logprobs
 
@@ -133,16 +134,8 @@ def test_no_sort_in_the_compiled_tree():
     lowered a CUDA sort of the 68-node pool (depth 5, topk 4) to a kernel that indexed
     out of bounds, which no CPU run shows; this structural check is what CI can see."""
     _, batch, proposer = build("eagle3")
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(proposer.propose_tree, backend=record, fullgraph=True)
-    compiled(*batch.propose_args()[:5], TreeShape(depth=5, topk=4, num_verify_tokens=16))
-    names = {
-        str(node.target) for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")
-    }
-    assert graphs and not {n for n in names if any(word in n for word in ("sort", "topk"))}, names
+    calls, _ = traced_calls(
+        proposer.propose_tree, *batch.propose_args()[:5], TreeShape(depth=5, topk=4, num_verify_tokens=16)
+    )
+    names = set(calls)
+    assert names and not {n for n in names if any(word in n for word in ("sort", "topk"))}, names
