@@ -294,10 +294,8 @@ def side_by_side_batch(
     decoders, shapes = {}, {}
     for mode, k, fraction in SIDE_BY_SIDE[kind]:
         budget = None if fraction is None else fraction * batch
-        tree = TREE if mode.startswith("tree") else None
-        plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget, tree=tree)
         name = mode if mode == "plain" else f"{mode} k={k}" + ("" if budget is None else f" budget={budget}")
-        decoders[name], shapes[name] = (plain if mode == "plain" else spec), (mode, k, budget)
+        decoders[name], shapes[name] = side_by_side_decoder(device, batch, compile, mode, k, budget), (mode, k, budget)
         timed_run(decoders[name], prompts, max_new)  # compile, record the CUDA graphs
     want = timed_run(decoders["plain"], prompts, max_new)[0]
     first = interleaved(decoders, prompts, max_new, rounds)
@@ -314,7 +312,7 @@ def side_by_side_batch(
     if control:
         fastest = max(measured, key=lambda r: r["decode_tokens_per_s"])
         copied = next(name for name in shapes if shapes[name] == (fastest["mode"], fastest["k"], fastest["budget"]))
-        decoders["control"] = copy_of(device, batch, compile, *shapes[copied])
+        decoders["control"] = side_by_side_decoder(device, batch, compile, *shapes[copied])
         timed_run(decoders["control"], prompts, max_new)
         shapes["control"] = ("control", *shapes[copied][1:])
     second = interleaved(decoders, prompts, max_new, rounds)
@@ -331,8 +329,8 @@ def side_by_side_batch(
     return rows
 
 
-def copy_of(device, batch: int, compile, mode: str, k: int, budget):
-    """A second decoder of a side-by-side configuration, built as the first was."""
+def side_by_side_decoder(device, batch: int, compile, mode: str, k: int, budget):
+    """The decoder of a side-by-side configuration (a second one: its control)."""
     plain, spec = build_decoders(device, max(k, 1), batch, compile, budget=budget,
                                  tree=TREE if mode.startswith("tree") else None)  # fmt: skip
     return plain if mode == "plain" else spec
@@ -361,10 +359,7 @@ def side_by_side(args, device, compile, name: str) -> int:
         ok &= all(r["lossless"] for r in rows)
         auto = next(r for r in rows if r["mode"] == "auto")
         for r in rows:
-            what = r["mode"] + (f" k={r['k']}" if r["k"] and r["mode"] != "auto" else "")
-            what += f" budget={r['budget']}" if r["budget"] and r["mode"] != "auto" else ""
-            if r is auto:
-                what = f"**auto** (runs {auto['run_as']})"
+            what = f"**auto** (runs {auto['run_as']})" if r is auto else row_name(r)
             versus = ""
             if r["mode"] == "control":
                 v, (low, high) = r["vs_original"], r["vs_original"]["paired_quartiles"]
