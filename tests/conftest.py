@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from fixtures import compile_profile, interpreter_calls  # noqa: E402
 from fixtures.lanes import DEVICE, INTERPRETER  # noqa: E402
+from fixtures.matrix import FULL_MATRIX  # noqa: E402
 
 # ci: fixed seed, no deadline (compiles and the interpreter are slow), few examples.
 settings.register_profile(
@@ -148,6 +149,28 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 def poisoned_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(_real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(_real_empty_like(*a, **k)))
+
+
+@pytest.fixture(autouse=True)
+def scalar_cpu_codegen(request):
+    """Inductor's CPU compiles in this lane emit C++ without SIMD code (cpp.simdlen=0,
+    what `specdraft demo` compiles with on CPU) unless the test is marked
+    `vectorised`: generating the vector code is most of a CPU compile's time (a
+    multi-layer propose 66 s with it, 41 s without, on the 2-core machine), and the
+    compile tests check this package's graphs (fullgraph, breaks, recompiles, results),
+    which the vector code does not change. The `vectorised` tests keep Inductor's
+    default: flex attention (whose CPU template needs the vector ISA), the README's
+    blocks as a user runs them, and the statistics whose compiled reference runs 1e9
+    noise draws; the nightly profile (or SPECDRAFT_FULL_MATRIX=1) compiles every test
+    vectorised. A per-compile patch: the process's ISA probe is unaffected
+    (tests/test_demo.py::test_demo_options_leave_later_compiles_vectorised)."""
+    if DEVICE != "cpu" or FULL_MATRIX or request.node.get_closest_marker("vectorised"):
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch({"cpp.simdlen": 0}):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,9 @@ import pytest
 import torch
 import torch._inductor.config
 
+# CPU lane: Inductor keeps its SIMD code generation here (tests/conftest.py).
+pytestmark = pytest.mark.vectorised
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "docs" / "usage.md", ROOT / "docs" / "development.md"]

@@ -230,6 +230,7 @@ def attention_case(seed, lengths=(150, 90, 60), per=30, size=5):
     return q, ctx_k, ctx_v, own_k, own_v, dict(seq_id=seq_id, anchors=anchors, anchor_valid=valid)
 
 
+@pytest.mark.vectorised  # the CPU flex template needs Inductor's vector code (tests/conftest.py)
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_equals_dense_eager_and_compiled_on_cpu():
     """Inductor's CPU flex kernel with static shapes (under dynamic shapes torch

@@ -36,6 +36,9 @@ from specdraft.training.unroll import PackedLayout
 
 from fixtures.unroll_batches import head_for, make_packed
 
+# CPU lane: Inductor keeps its SIMD code generation here (tests/conftest.py).
+pytestmark = pytest.mark.vectorised
+
 # Sizes chosen apart from the sequence counts below, so that Dynamo's duck sizing
 # never ties cu_seqlens' length to a head count (it would then specialise on it).
 HEADS, KV_HEADS, DIM, NUM_DIAG = 6, 3, 16, 5

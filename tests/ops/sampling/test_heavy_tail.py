@@ -15,11 +15,13 @@ token (Gumbel-max over the target row) and its recovered token (the exponential
 race over the residual; the draft token has p = 0, so it is always rejected and
 the residual is p itself).
 
-- The CI version (any lane but the interpreter's): head logit 18 (a tail token
-  wins only on noise beyond 18 nats, which the old noise, capped at 16.6, never
-  reached), 100,000 tail tokens of count 1, 10,300 draws, ~1e9 noise draws in all;
+- The CI version (any lane but the interpreter's): head logit 17 (a tail token
+  wins only on noise beyond 17 nats, which the old noise, capped at 16.6, never
+  reached), 100,000 tail tokens of count 1, 3,800 draws, ~3.8e8 noise draws in all;
   the tail count must be a plausible Poisson draw (two-sided p = 1e-6) around the
-  15.7 due. The cost of this test is e**head_logit times the tail draws due.
+  15.7 due (none, what the capped noise gives, has p = 3.1e-7). The cost of this test
+  is e**head_logit times the tail draws due: head logit 18 cost 2.7x as much for the
+  same power against the 16.6 cap.
 - The `slow` version: the issue's sizes (head count e**18, 199,999 tail tokens,
   250,000 draws), a z-test; meant for a GPU nightly lane, and skipped unless
   SPECDRAFT_SLOW=1: SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda pytest -m slow
@@ -35,6 +37,9 @@ import torch
 from specdraft.ops import draft_sample, rejection_sample
 
 import specs.sampling as spec
+
+# CPU lane: Inductor keeps its SIMD code generation here (tests/conftest.py).
+pytestmark = pytest.mark.vectorised
 
 SAMPLERS = ["draft", "bonus", "recovered"]
 SEED = 1234
@@ -138,8 +143,8 @@ def tail_draws(kind: str, logits: torch.Tensor, draws: int, device: str, first_p
 
 @pytest.mark.parametrize("kind", SAMPLERS)
 def test_far_tail_is_sampled_at_its_probability(device, kind):
-    logits, tail_p = heavy_tail_logits(num_tail=100_000, head_logit=18.0, max_count=1)
-    draws = 10_300
+    logits, tail_p = heavy_tail_logits(num_tail=100_000, head_logit=17.0, max_count=1)
+    draws = 3_800
     mean = draws * tail_p  # 15.7 tail draws due
     hits = tail_draws(kind, logits, draws, device)
     assert spec.poisson_two_sided_p(hits, mean) > 1e-6, f"{hits} tail draws, {mean:.1f} expected"
