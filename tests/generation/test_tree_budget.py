@@ -39,6 +39,7 @@ from specdraft.proposers import EagleProposer, TreeShape
 
 from fixtures.budget import check_budget_held, f32
 from fixtures.compiled_generate import assert_compiled_runs_equal
+from fixtures.matrix import inductor_with_aot_eager_nightly
 from fixtures.sampled_groups import NUM_TOKENS, PER_GROUP, sampled_groups
 from specs.budget_keep import best_closed_sum, is_closed, kept_in_order
 from specs.generate import chi_square_pvalue, greedy_decode
@@ -331,7 +332,7 @@ def test_accepting_every_draft_is_caught(build, sampled_setup, monkeypatch):
 # ------------------------------------------------------------------ compile, bad input
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", inductor_with_aot_eager_nightly())
 def test_budgeted_tree_iteration_compiles(pair, backend):
     """fullgraph, one compile for the run and none for a second, equal to the eager
     run; greedy and sampled rows in one batch. Inductor with the options `specdraft

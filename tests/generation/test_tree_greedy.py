@@ -22,6 +22,7 @@ from specdraft.layout import BatchMetadata
 from specdraft.proposers import AutoregressiveSpeculator, DraftLM, EagleProposer, TreeShape
 
 from fixtures.compiled_generate import assert_compiled_runs_equal
+from fixtures.matrix import inductor_with_aot_eager_nightly
 from specs.generate import greedy_decode
 
 BLOCK_SIZE = 16
@@ -201,7 +202,7 @@ def test_a_thousand_iterations_compile_once(pair):
     assert (counts.graph_breaks, counts.compiles) == (0, 1)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", inductor_with_aot_eager_nightly())
 def test_tree_iteration_compiles_once(pair, backend):
     """The whole tree iteration (verify -> walk -> KV move -> commit -> propose_tree)
     under torch.compile(fullgraph=True): the eager output, no graph break, one
