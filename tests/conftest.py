@@ -169,7 +169,9 @@ def scalar_cpu_codegen(request):
         return
     import torch._inductor.config as inductor_config
 
-    with inductor_config.patch({"cpp.simdlen": 0}):
+    from specdraft.demo import compile_options
+
+    with inductor_config.patch(compile_options("cpu", True)["options"]):
         yield
 
 
