@@ -71,7 +71,8 @@ def commit() -> str:
 
 
 def environment(device: str | None = None) -> dict:
-    """Where and what ran: device, torch and triton versions, commit, date, command."""
+    """Where and what ran: device, torch and triton versions, commit, date, command,
+    and the Inductor settings from the environment (inductor_overrides)."""
     import torch
 
     try:
@@ -83,11 +84,33 @@ def environment(device: str | None = None) -> dict:
     if device is None:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     return {"device": device, "torch": torch.__version__, "triton": triton_version, "commit": commit(),
-            "date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv])}  # fmt: skip
+            "date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
+            "inductor": inductor_overrides()}  # fmt: skip
+
+
+# TORCHINDUCTOR_* variables that only say where caches live or what to log: they do
+# not change what is compiled, so a row does not carry them.
+NOT_CODEGEN = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+
+
+def inductor_overrides() -> str:
+    """The TORCHINDUCTOR_* settings of this process's environment that change what
+    Inductor generates ("LOOP_ORDERING_AFTER_FUSION=0"), space-separated and sorted;
+    "" where none is set."""
+    return " ".join(
+        f"{name.removeprefix('TORCHINDUCTOR_')}={value}"
+        for name, value in sorted(os.environ.items())
+        if name.startswith("TORCHINDUCTOR_") and name not in NOT_CODEGEN
+    )
 
 
 def make_row(table: str, config: Mapping, metrics: Mapping, env: Mapping) -> dict:
-    row = {"bench": table, "config": dict(config), "metrics": dict(metrics)}
+    """A row; a run under Inductor settings from the environment (inductor_overrides)
+    says so in its config, so that it is not the same configuration as a default run."""
+    config = dict(config)
+    if env.get("inductor"):
+        config["inductor_env"] = env["inductor"]
+    row = {"bench": table, "config": config, "metrics": dict(metrics)}
     row.update({key: env[key] for key in ROW_KEYS[3:]})
     return row
 

@@ -8,6 +8,10 @@
 #   bash scripts/gpu_compile.sh dynamic    # bench_compile.py: the 8B-shaped EAGLE-3 propose under plain
 #                                          # torch.compile(dynamic=True), cold and warm, and its Dynamo traces
 #   bash scripts/gpu_compile.sh roofline   # bench_roofline.py's runtimes (kernel form, N = 1 and 16)
+#   bash scripts/gpu_compile.sh loop-order # bench_roofline.py's runtimes and cold compiles (kernel form, N = 1
+#                                          # and 16) with Inductor's loop reordering after fusion off
+#                                          # (TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION=0), then on (the default),
+#                                          # each on fresh cache folders; the rows say which (inductor_env)
 #   bash scripts/gpu_compile.sh bytecode   # the compile stage with Python bytecode caches, as a pip-installed
 #                                          # torch has them (the device machine's torch has none and sets
 #                                          # PYTHONDONTWRITEBYTECODE=1): torch, triton and specdraft compiled to
@@ -51,6 +55,17 @@ case "$stage" in
     dynamic) each_tree bench_compile_dynamic ${COMPILE_TIMEOUT:-270} python3 bench_compile.py --device cuda --shape 8b \
                  --inductor-defaults --dynamic --what propose "probabilistic propose" ;;
     roofline) each_tree bench_roofline ${ROOFLINE_TIMEOUT:-150} python3 bench_roofline.py --tokens 1 16 --forms kernel ;;
+    loop-order)
+        for setting in 0 default; do
+            (
+                [ "$setting" = default ] || export TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION=$setting
+                export TORCHINDUCTOR_CACHE_DIR=$OUT/cache_$setting/inductor TRITON_CACHE_DIR=$OUT/cache_$setting/triton
+                cd benchmarks && timeout ${ROOFLINE_TIMEOUT:-200} python3 bench_roofline.py --tokens 1 16 --forms kernel \
+                    > "$OUT/bench_roofline_loop_order_$setting.log" 2>&1
+            )
+            echo "bench_roofline, loop reordering $setting: exit $?"
+            grep -v "^$" "$OUT/bench_roofline_loop_order_$setting.log" | tail -6
+        done ;;
     bytecode)
         echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}" | tee -a "$OUT/gpu.txt"
         unset PYTHONDONTWRITEBYTECODE
@@ -74,5 +89,5 @@ case "$stage" in
             echo "eval8b $run: exit $?, $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s wall"
             grep "tokens/s" "$OUT/eval8b_$run.log"
         done ;;
-    *) echo "unknown stage $stage (tests | compile | dynamic | roofline | bytecode | eval8b)"; exit 2 ;;
+    *) echo "unknown stage $stage (tests | compile | dynamic | roofline | loop-order | bytecode | eval8b)"; exit 2 ;;
 esac

@@ -48,9 +48,18 @@ def test_every_row_has_the_fixed_keys(table):
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["date"]), where
 
 
+def without_inductor_settings(monkeypatch):
+    import os
+
+    for name in os.environ:
+        if name.startswith("TORCHINDUCTOR_"):
+            monkeypatch.delenv(name)
+
+
 def test_a_bench_appends_rows_with_the_fixed_keys(tmp_path, monkeypatch):
     record = load_record()
     monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))
+    without_inductor_settings(monkeypatch)
     headers = ["B", "triton op µs", "% of copy"]
     record.append_table("demo_table", headers, [[1, 2.5, "3,004"], [8, 1.25, "-"]], config_columns=1,
                         config={"op": "x"}, device="CPU")  # fmt: skip
@@ -60,6 +69,24 @@ def test_a_bench_appends_rows_with_the_fixed_keys(tmp_path, monkeypatch):
     assert [r["metrics"] for r in rows] == [{"triton_op_us": 2.5, "pct_of_copy": 3004},
                                             {"triton_op_us": 1.25, "pct_of_copy": None}]  # fmt: skip
     assert rows[0]["device"] == "CPU" and rows[0]["bench"] == "demo_table"
+
+
+def test_a_row_names_the_inductor_settings_it_ran_under(tmp_path, monkeypatch):
+    """A run with an Inductor setting from the environment is another configuration
+    (its own row in `latest`); where caches live is not a setting."""
+    record = load_record()
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))
+    without_inductor_settings(monkeypatch)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    record.append_rows("t", [({"B": 1}, {"us": 1.0})], device="CPU")
+    monkeypatch.setenv("TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
+    record.append_rows("t", [({"B": 1}, {"us": 2.0})], device="CPU")
+    rows = record.read_rows("t", tmp_path)
+    assert [r["config"] for r in rows] == [
+        {"B": 1}, {"B": 1, "inductor_env": "COORDINATE_DESCENT_TUNING=1 LOOP_ORDERING_AFTER_FUSION=0"}
+    ]
+    assert [r["metrics"]["us"] for r in record.latest(rows)] == [1.0, 2.0]
 
 
 def test_no_section_is_titled_by_its_day_and_no_script_by_an_issue():
