@@ -84,7 +84,8 @@ def test_a_row_names_the_inductor_settings_it_ran_under(tmp_path, monkeypatch):
     record.append_rows("t", [({"B": 1}, {"us": 2.0})], device="CPU")
     rows = record.read_rows("t", tmp_path)
     assert [r["config"] for r in rows] == [
-        {"B": 1}, {"B": 1, "inductor_env": "COORDINATE_DESCENT_TUNING=1 LOOP_ORDERING_AFTER_FUSION=0"}
+        {"B": 1},
+        {"B": 1, "inductor_env": "COORDINATE_DESCENT_TUNING=1 LOOP_ORDERING_AFTER_FUSION=0"},
     ]
     assert [r["metrics"]["us"] for r in record.latest(rows)] == [1.0, 2.0]
 
