@@ -18,7 +18,9 @@
 #                                          # head's data and budget (training.json: --budget-s 105 per head), into
 #                                          # $OUT/demo_heads/{dflash,dspark,training.json}: copy them into
 #                                          # src/specdraft/assets/demo_pair/ (one drafter per call: copy between the
-#                                          # calls, so the second run's training.json keeps the first's entry)
+#                                          # calls, so the second run's training.json keeps the first's entry);
+#                                          # TRAIN_ARGS adds options (`TRAIN_ARGS="--budget-s 400"`: to
+#                                          # --head-steps 3000, the EAGLE-3 head's steps, not its seconds)
 # The trained demo heads are read from src/specdraft/assets/demo_pair/{dflash,dspark} (or set
 # BLOCK_HEADS="--dflash DIR --dspark DIR"); without them the pair bench runs random stand-ins and
 # records nothing for them. DSpark needs specdraft.ops.markov_block_sample.
@@ -70,8 +72,9 @@ pair-cpu)
 train)
     drafters=${1:-dflash,dspark}
     log="$OUT/train_block_drafters_${drafters//,/_}.log"
-    timeout 580 python3 scripts/train_block_drafters.py --out "$OUT/demo_heads" --drafters "$drafters" > "$log" 2>&1
-    echo "train_block_drafters --drafters $drafters: exit $?"
+    timeout 580 python3 scripts/train_block_drafters.py --out "$OUT/demo_heads" --drafters "$drafters" ${TRAIN_ARGS:-} \
+        > "$log" 2>&1
+    echo "train_block_drafters --drafters $drafters ${TRAIN_ARGS:-}: exit $?"
     grep "^\[\|^greedy\|^stdlib\|^saved" "$log" | tail -40; tail -3 "$log"
     ;;
 *)

@@ -380,3 +380,35 @@ print("ok")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "options, graphs",
+    [
+        ({"mode": "reduce-overhead"}, True),
+        ({"mode": "max-autotune"}, True),
+        ({"options": {"triton.cudagraphs": True, "loop_ordering_after_fusion": False}}, True),
+        ({"mode": "max-autotune-no-cudagraphs"}, False),
+        ({"options": {"triton.cudagraphs": False}}, False),
+        ({"options": {"cpp.simdlen": 0}}, False),
+        ({"backend": "aot_eager"}, False),
+        ({}, False),
+        (None, False),
+    ],
+)
+def test_the_generate_loop_knows_when_the_iteration_replays_cuda_graphs(options, graphs):
+    """generate marks each iteration's start and copies the state out of the graphs'
+    memory exactly when the options record CUDA graphs, whichever way they say it:
+    the demo's CUDA options say it as Inductor's triton.cudagraphs, since
+    torch.compile takes no other option beside a mode."""
+    from specdraft.generation.state import captures_cuda_graphs
+
+    assert captures_cuda_graphs(options) is graphs
+
+
+def test_the_demos_cuda_options_record_cuda_graphs():
+    from specdraft.generation.state import captures_cuda_graphs
+
+    assert captures_cuda_graphs(demo.compile_options("cuda", True))
+    assert not captures_cuda_graphs(demo.compile_options("cpu", True))
+    assert demo.compile_options("cuda", False) is False

@@ -30,7 +30,7 @@ from .budget import (
     updated_calibration,
 )
 from .run_budget import RunBudget
-from .state import DecodeState, Requests, commit, initial_state, owned_copy
+from .state import DecodeState, Requests, captures_cuda_graphs, commit, initial_state, owned_copy
 from .stats import Clock, GenerationStats, Timings, build_stats, host_flags, progress_bar
 from .step_costs import Choice, StepCosts
 from .verify import greedy_tokens, prompt_batch, sample_target, window_batch
@@ -388,7 +388,7 @@ class SpeculativeDecoder(RunBudget):
         bar = progress_bar(progress, int(requests.limits.sum()), int(flags[1].sum()))
         if time_split:
             timings.verify, timings.draft = 0.0, 0.0
-        graphs = (self.compile_options or {}).get("mode") in ("reduce-overhead", "max-autotune")
+        graphs = captures_cuda_graphs(self.compile_options)
         max_iterations = int(requests.limits.max())  # each pass gives every running request >= 1 token
         decode_start = clock()
         while not bool(flags[0].all()) and timings.iterations < max_iterations:

@@ -91,10 +91,21 @@ class DecodeState:
     calibration: torch.Tensor | None = None
 
 
+def captures_cuda_graphs(compile_options: dict | None) -> bool:
+    """Whether torch.compile options record CUDA graphs: mode "reduce-overhead" or
+    "max-autotune", or Inductor's own option "triton.cudagraphs" (what those modes
+    set; demo.compile_options passes it with other options, which torch.compile
+    does not take beside a mode)."""
+    options = compile_options or {}
+    return options.get("mode") in ("reduce-overhead", "max-autotune") or bool(
+        (options.get("options") or {}).get("triton.cudagraphs")
+    )
+
+
 def owned_copy(state: DecodeState) -> DecodeState:
     """The state with every tensor copied out of a CUDA graph's memory pool.
 
-    Under mode="reduce-overhead" an iteration's outputs live in memory that the next
+    Under CUDA graphs (mode="reduce-overhead") an iteration's outputs live in memory that the next
     replay overwrites; fed back as the next iteration's inputs they would be read
     after being written (torch refuses that). One copy of the state per iteration
     (kilobytes, plus draft_probs [B, K, V] with probabilistic drafts), outside the
