@@ -42,7 +42,9 @@ SHOWN = (0, 2)  # the prompts whose texts are printed (the greedy text of prompt
 
 def build_parser(prog: str = "python -m specdraft.demo", description: str | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with mode=reduce-overhead")
+    parser.add_argument(
+        "--device", default="cpu", help=DEVICE_HELP + "; cuda compiles with CUDA graphs (as mode=reduce-overhead)"
+    )
     parser.add_argument(
         "--drafter", choices=tuple(DRAFTERS), default="eagle3", help="the shipped drafter: eagle3 (default; an "
         "EAGLE-3 head, one draft step per token), dflash or dspark (block drafters: the whole block in one forward; "
