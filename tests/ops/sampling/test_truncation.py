@@ -233,7 +233,9 @@ def test_split_path_finishes_typical_rows(monkeypatch):
     exact cuts through the search, only slower, so this is what catches it."""
     import specdraft.ops.sampling.truncation.op as launch
 
-    for name, value in {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64}.items():
+    # One chunk for maxima.py's path (V = 1,000): it takes only k = 1, so the other top-k rows are split.py's.
+    settings = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "MAXIMA_CHUNK": 1024}
+    for name, value in settings.items():
         monkeypatch.setattr(launch, name, value)
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(8, 1000, generator=gen) * 3
@@ -249,6 +251,44 @@ def test_split_path_finishes_typical_rows(monkeypatch):
         for r in range(6):
             want, _ = spec.truncation_cut(rows[r], temperature[r].item(), top_k[r].item(), top_p[r].item(), 0.0)
             assert cut[r].item() == want, (dtype, r)
+
+
+@pytest.mark.interpreter
+def test_maxima_path_finishes_top_k_rows(monkeypatch):
+    """maxima.py's path (k <= the number of chunks: the chunks' maxima bound the k-th
+    logit from below) finishes typical top-k rows, with top-p and min-p beside top-k,
+    with the oracle's cut. min-p rows are not split.py's, so a finished min-p row is
+    this path's work; a row whose k exceeds the chunks, and a row of ties (every
+    token above the bound: more than CAPACITY to copy), stay for the per-row search,
+    which still gives the oracle's cut."""
+    import specdraft.ops.sampling.truncation.op as launch
+
+    for name, value in {
+        "CHUNK": 128,
+        "WINDOW_BINS": 64,
+        "CAPACITY": 256,
+        "RESOLVE_TILE": 64,
+        "MAXIMA_CHUNK": 8,
+    }.items():
+        monkeypatch.setattr(launch, name, value)
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(8, 1000, generator=gen) * 3  # 125 chunks of 8
+    logits[7] = 1.5
+    temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 1.0, 1.0, 1.0])
+    top_k = torch.tensor([50, 20, 5, 1, 20, 125, 126, 3], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
+    min_p = torch.tensor([0.05, 0.05, 0.2, 0.05, 0.0, 0.01, 0.01, 0.01])
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (logits.to(dtype), temperature, top_k, top_p, min_p)
+        cut, done = launch.split_cut(*args)
+        assert done.tolist() == [1] * 6 + [0, 0], dtype
+        rows = rows_of(args[0])
+        for r in range(6):
+            params = (temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
+            assert cut[r].item() == spec.truncation_cut(rows[r], *params)[0], (dtype, r)
+        for r, row in enumerate(rows):
+            params = (temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
+            assert truncation_cut(*args)[r].item() == spec.truncation_cut(row, *params)[0], (dtype, r)
 
 
 # ------------------------------------------------------------ op, compile, inputs

@@ -40,7 +40,9 @@ rejection_sample one per target row [B, K + 1], tree_verify one per node [B, N])
 
 Files: split.py (the CUDA path: two reads of the logits split over the GPU, then
 exact work on the values that decide; rows it leaves undone, and min-p rows, go
-to kernel.py), kernel.py (the per-row search without a sort: its passes),
+to kernel.py), maxima.py (the CUDA path of top-k rows with k <= V / 1,024: the
+chunks' maxima bound the k-th logit, and the few values above the bound decide),
+kernel.py (the per-row search without a sort: its passes),
 reference.py (the sort-based torch reference, the CPU path), op.py (the registered
 op, its public wrapper and checked mode's value checker).
 """

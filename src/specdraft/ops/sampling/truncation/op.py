@@ -11,6 +11,7 @@ from specdraft.value_checks import first_bad
 
 from ...backend import NAMESPACE, TRITON_INTERPRET, cdiv, power_of_two_tile, use_triton
 from .kernel import truncation_cut_kernel
+from .maxima import gather_kernel, level_kernel, maxima_kernel
 from .reference import truncation_cut_reference
 from .split import bracket_kernel, collect_kernel, resolve_kernel, window_kernel
 
@@ -24,8 +25,10 @@ if TRITON_INTERPRET:
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
+    MAXIMA_CHUNK = 8
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
+    MAXIMA_CHUNK = 1024  # tokens a program of maxima.py's two reads takes: top-k up to V / 1,024 goes there
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
@@ -42,12 +45,13 @@ def _output(num_rows: int, device) -> torch.Tensor:
 
 
 def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, torch.Tensor]:
-    """split.py's four kernels: (cut, done): done[row] = 1 where the cut is final,
-    0 where the row is left to kernel.py's search (its cut is then unset)."""
+    """split.py's and maxima.py's kernels: (cut, done): done[row] = 1 where the cut is
+    final, 0 where the row is left to kernel.py's search (its cut is then unset)."""
     num_rows, vocab = logits.shape
     device = logits.device
     num_chunks = cdiv(vocab, CHUNK)
     chunks = power_of_two_tile(num_chunks)
+    maxima_chunks = cdiv(vocab, MAXIMA_CHUNK)
     cut = _output(num_rows, device)
     done = torch.empty((num_rows,), dtype=torch.int8, device=device)
     chunk_max = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
@@ -59,23 +63,55 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
     params = (temperature, top_k, top_p, min_p)
     wrap_triton(window_kernel)[(num_rows, num_chunks)](
-        logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, CHUNK=CHUNK, NB=WINDOW_BINS,
-        num_warps=WINDOW_WARPS,
+        logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, maxima_chunks, CHUNK=CHUNK,
+        NB=WINDOW_BINS, num_warps=WINDOW_WARPS,
     )  # fmt: skip
     wrap_triton(bracket_kernel)[(num_rows,)](
-        *params, chunk_max, hist, bounds, span, count, cut, done, vocab, num_chunks,
+        *params, chunk_max, hist, bounds, span, count, cut, done, vocab, num_chunks, maxima_chunks,
         NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=4,
     )  # fmt: skip
     wrap_triton(collect_kernel)[(num_rows, num_chunks)](
         logits, temperature, top_p, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
         CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
     )  # fmt: skip
-    wrap_triton(resolve_kernel)[(num_rows,)](
+    resolve = (CAPACITY, KEY_SHIFT[logits.dtype], RESOLVE_TILE, PIVOTS)
+    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks, *resolve)
+    maxima_rows(logits, params, cut, done, maxima_chunks, *resolve)
+    return cut, done
+
+
+def resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
+                 capacity, shift, tile, pivots) -> None:  # fmt: skip
+    """split.py's resolve_kernel over the rows whose span says go."""
+    wrap_triton(resolve_kernel)[(cut.shape[0],)](
         *params, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
-        CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=KEY_SHIFT[logits.dtype], TILE=RESOLVE_TILE, PIVOTS=PIVOTS,
+        CHUNKS=power_of_two_tile(num_chunks), CAPACITY=capacity, SHIFT=shift, TILE=tile, PIVOTS=pivots, num_warps=4,
+    )  # fmt: skip
+
+
+def maxima_rows(logits, params, cut, done, num_chunks, capacity, shift, tile, pivots) -> None:
+    """maxima.py's path for its rows (top-k on, k <= num_chunks), after split.py's
+    bracket_kernel set every row's done; its own buffers, then resolve_kernel."""
+    num_rows, vocab = logits.shape
+    device = logits.device
+    maxima = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
+    bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
+    span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
+    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
+    values = torch.empty((num_rows, capacity), dtype=torch.float32, device=device)
+    sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
+    wrap_triton(maxima_kernel)[(num_rows, num_chunks)](
+        logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, num_warps=4,
+    )  # fmt: skip
+    wrap_triton(level_kernel)[(num_rows,)](
+        *params, maxima, bounds, span, count, cut, done, vocab, num_chunks, CHUNKS=power_of_two_tile(num_chunks),
         num_warps=4,
     )  # fmt: skip
-    return cut, done
+    wrap_triton(gather_kernel)[(num_rows, num_chunks)](
+        logits, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK,
+        CAPACITY=capacity, num_warps=4,
+    )  # fmt: skip
+    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks, capacity, shift, tile, pivots)
 
 
 def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:

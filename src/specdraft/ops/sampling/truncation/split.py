@@ -36,6 +36,8 @@ return at once). So the cut is exact whatever the estimate: the estimate decides
 only which rows take the slow path. Rows with min-p on go to the search from the
 start (`row_switches`): measured, its two passes beat these two reads there. The
 kernels here handle min-p's threshold all the same, so that choice is one line.
+Rows with top-k on and k at most V / maxima.py's chunk go to maxima.py's path
+(min-p rows among them): a bound from the chunks' maxima instead of a histogram.
 
 Measured on an H200 (B = 256, V = 152k, bf16, random rows): the window pass 98 us
 (tl.histogram is most of it: a read with the bins alone is 36 us), the collect pass
@@ -54,14 +56,15 @@ from .kernel import candidate_weights, clean, key_value, load_clean, min_p_thres
 
 
 @triton.jit
-def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab):
+def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks):
     """kernel.py's row_rules, and `split`: the row takes this path."""
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
     # min-p rows go to kernel.py's search: its two passes (max, smallest candidate)
-    # beat these two reads there (H200, B = 256, V = 152k: 123 against 220 us).
-    split = truncated & ~min_p_on
+    # beat these two reads there (H200, B = 256, V = 152k: 123 against 220 us);
+    # top-k rows with k <= maxima_chunks to maxima.py's path (its rule, by_maxima).
+    split = truncated & ~min_p_on & ~(top_k_on & (top_k <= maxima_chunks))
     return temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated, split
 
 
@@ -93,14 +96,14 @@ def bin_of(x, inv_width):
 @triton.jit
 def window_kernel(
     logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr,
-    vocab, row_stride, num_chunks,
+    vocab, row_stride, num_chunks, maxima_chunks,
     CHUNK: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
     """Step 1: the chunk's max and its tokens' bins counted from its top bin."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temp, _, top_p, min_p, top_k_on, top_p_on, min_p_on, _, split = row_switches(
-        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks
     )
     if split:
         idx = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -117,16 +120,17 @@ def window_kernel(
 @triton.jit
 def bracket_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, bounds_ptr, span_ptr,
-    count_ptr, cut_ptr, done_ptr, vocab, num_chunks,
+    count_ptr, cut_ptr, done_ptr, vocab, num_chunks, maxima_chunks,
     NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
     """Step 2: the row's max and the range of bins to copy. bounds[row] = (max, min-p
     threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go): go =
     1 collects; 0 leaves the row finished (done = 1: not truncated, or nothing above
-    -inf) or to kernel.py's search (done = 0: min-p rows among them)."""
+    -inf) or to another path (done = 0: maxima.py's rows, then kernel.py's search,
+    min-p rows among them)."""
     row = tl.program_id(0).to(tl.int64)
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated, split = row_switches(
-        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks
     )
     go = tl.zeros([], tl.int32)
     done = (~truncated).to(tl.int32)  # truncated rows not split: kernel.py's search

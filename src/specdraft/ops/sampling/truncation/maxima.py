@@ -1,0 +1,121 @@
+"""The top-k path of `truncation_cut` on CUDA: a lower bound on the k-th largest logit
+from the maxima of the row's chunks, then exact work on the few values above it.
+
+A row of V logits split into S chunks has S chunk maxima, S distinct tokens of the
+row, so where k <= S the k-th largest chunk maximum L is at most the row's k-th
+largest logit: at least k tokens (those maxima) are >= L. Every token top-k can keep
+is >= L, and on typical rows few others are (random rows, V = 152k in chunks of
+1,024, k = 50: about a hundred), so:
+
+1. `maxima_kernel` [R, S]: each chunk's max (one read of the logits at the speed of
+   a copy: no histogram, no exp);
+2. `level_kernel` [R]: the row's max, its min-p threshold thr, and the level
+   max(L, thr): L as the largest chunk maximum that at least k maxima reach (a [S, S]
+   comparison, no sort). Where fewer than k candidates (tokens >= thr) exist, L < thr
+   (k maxima >= L would be k candidates), so the level is thr and every candidate is
+   copied;
+3. `gather_kernel` [R, S]: each chunk counts its candidates below the level and
+   copies those at or above it (a few a row, each placed by an atomic add);
+4. split.py's `resolve_kernel`, unchanged: with nothing above the copied range, the
+   k-th largest copied value is top-k's cut, and top-p's mass is over the copied
+   values at or above it, which is all top-p weighs once top-k is on.
+
+Rows whose copy overflows CAPACITY (a row of ties, a flat row) stay undone and go to
+kernel.py's per-row search, like split.py's leftovers; so the cut is exact whatever
+the row. Rows with top-k off or k > S take split.py's histogram path (or the search,
+for min-p), which this path takes over from where it applies: measured on an H200
+at B = 256, V = 152k, the histogram path's window and copy passes were 248-293 us for
+top-k 50 or top-k 20 + top-p 0.9 (benchmarks/README.md, "Sampling truncation").
+"""
+
+from ...backend import tl, triton
+from .kernel import clean, load_clean, min_p_threshold, row_rules
+
+
+@triton.jit
+def by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks):
+    """kernel.py's row_rules, and whether the row takes this path: truncated, top-k
+    on, and k at most the number of chunks."""
+    temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
+    )
+    return temp, top_k, min_p, min_p_on, truncated & top_k_on & (top_k <= num_chunks)
+
+
+@triton.jit
+def maxima_kernel(
+    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, vocab, row_stride, num_chunks,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Step 1: each chunk's max (NaN as -inf)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    _, _, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks)
+    if taken:
+        x = load_clean(logits_ptr + row * row_stride, chunk * CHUNK + tl.arange(0, CHUNK), vocab)
+        tl.store(maxima_ptr + row * num_chunks + chunk, tl.max(x, 0))
+
+
+@triton.jit
+def level_kernel(
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, bounds_ptr, span_ptr, count_ptr, cut_ptr,
+    done_ptr, vocab, num_chunks,
+    CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """Step 2, for this path's rows (the others keep what split.py's bracket_kernel
+    wrote): bounds[row] = (max, min-p threshold, the level); span[row, 2] = go (1:
+    gather and resolve; 0: done, or left to kernel.py's search). split.py's resolve
+    reads span[row, 2] only, and the sums and copies gather_kernel writes."""
+    row = tl.program_id(0).to(tl.int64)
+    temp, top_k, min_p, min_p_on, taken = by_maxima(
+        temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks
+    )
+    go = tl.zeros([], tl.int32)
+    if taken:
+        chunks = tl.arange(0, CHUNKS)
+        maxima = tl.load(maxima_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
+        top = tl.max(maxima, 0)
+        if top == float("-inf"):  # no logit above -inf: kept whole
+            tl.store(cut_ptr + row, float("-inf"))
+            tl.store(done_ptr + row, 1)
+        elif top < float("inf"):  # a +inf max (its weights are not exp's): the search
+            # How many maxima reach each maximum; L: the largest that k of them reach.
+            reach = tl.sum((maxima[None, :] >= maxima[:, None]).to(tl.int32), 1)
+            bound = tl.max(tl.where(reach >= top_k, maxima, float("-inf")), 0)
+            thr = min_p_threshold(top, temp, min_p, min_p_on)
+            tl.store(bounds_ptr + row * 3, top)
+            tl.store(bounds_ptr + row * 3 + 1, thr)
+            tl.store(bounds_ptr + row * 3 + 2, tl.maximum(bound, thr))
+            tl.store(count_ptr + row, 0)
+            go = tl.full([], 1, tl.int32)
+    tl.store(span_ptr + row * 3 + 2, go)
+
+
+@triton.jit
+def gather_kernel(
+    logits_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, vocab, row_stride, num_chunks,
+    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+):  # fmt: skip
+    """Step 3: the chunk's candidates below the level counted, those at or above it
+    copied out. sums[row, chunk] = (0, 0, count below, 0): nothing lies above the
+    copied range, and resolve_kernel reads the mass below only without top-k."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    if tl.load(span_ptr + row * 3 + 2) != 0:
+        thr = tl.load(bounds_ptr + row * 3 + 1)
+        level = tl.load(bounds_ptr + row * 3 + 2)
+        idx = chunk * CHUNK + tl.arange(0, CHUNK)
+        # Loaded here, not through load_clean: split.py's collect_kernel says why (a
+        # store whose address comes from a helper's result marks the logits written).
+        x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
+        candidate = (x >= thr) & (x > float("-inf"))
+        inside = candidate & (x >= level)
+        out = sums_ptr + (row * num_chunks + chunk) * 4
+        tl.store(out, 0.0)
+        tl.store(out + 1, 0.0)
+        tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.float32), 0))
+        tl.store(out + 3, 0.0)
+        if tl.max(inside.to(tl.int32), 0) > 0:
+            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
+            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
+            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
