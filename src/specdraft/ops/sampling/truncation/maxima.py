@@ -7,15 +7,15 @@ largest logit: at least k tokens (those maxima) are >= L. Every token top-k can 
 is >= L, and on typical rows few others are (random rows, V = 152k in chunks of
 1,024, k = 50: about a hundred), so:
 
-1. `maxima_kernel` [R, S]: each chunk's max (one read of the logits at the speed of
-   a copy: no histogram, no exp);
+1. `maxima_kernel` [R, S / GROUP]: each chunk's max (one read of the logits: no
+   histogram, no exp);
 2. `level_kernel` [R]: the row's max, its min-p threshold thr, and the level
    max(L, thr): L as the largest chunk maximum that at least k maxima reach (a [S, S]
    comparison, no sort). Where fewer than k candidates (tokens >= thr) exist, L < thr
    (k maxima >= L would be k candidates), so the level is thr and every candidate is
    copied;
-3. `gather_kernel` [R, S]: each chunk counts its candidates below the level and
-   copies those at or above it (a few a row, each placed by an atomic add);
+3. `gather_kernel` [R, S / GROUP]: each program counts its candidates below the
+   level and copies those at or above it (a few a row, each placed by an atomic add);
 4. split.py's `resolve_kernel`, unchanged: with nothing above the copied range, the
    k-th largest copied value is top-k's cut, and top-p's mass is over the copied
    values at or above it, which is all top-p weighs once top-k is on.
@@ -45,15 +45,20 @@ def by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_
 @triton.jit
 def maxima_kernel(
     logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, maxima_ptr, vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
-    """Step 1: each chunk's max (NaN as -inf)."""
+    """Step 1: the max of each of the program's GROUP chunks (NaN as -inf). GROUP
+    chunks a program, not one: a row not on this path still launches the grid, and
+    at B = 256, V = 152k one chunk a program was 38k programs that only read their
+    row's switches."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+    group = tl.program_id(1)
     _, _, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks)
     if taken:
-        x = load_clean(logits_ptr + row * row_stride, chunk * CHUNK + tl.arange(0, CHUNK), vocab)
-        tl.store(maxima_ptr + row * num_chunks + chunk, tl.max(x, 0))
+        chunks = group * GROUP + tl.arange(0, GROUP)
+        idx = chunks[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
+        x = load_clean(logits_ptr + row * row_stride, idx, vocab)
+        tl.store(maxima_ptr + row * num_chunks + chunks, tl.max(x, 1), mask=chunks < num_chunks)
 
 
 @triton.jit
@@ -93,29 +98,30 @@ def level_kernel(
 
 @triton.jit
 def gather_kernel(
-    logits_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+    logits_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, vocab, row_stride, num_parts,
+    PART: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
-    """Step 3: the chunk's candidates below the level counted, those at or above it
-    copied out. sums[row, chunk] = (0, 0, count below, 0): nothing lies above the
-    copied range, and resolve_kernel reads the mass below only without top-k."""
+    """Step 3: the candidates of the program's PART tokens below the level counted,
+    those at or above it copied out. sums[row, part] = (0, 0, count below, 0):
+    nothing lies above the copied range, and resolve_kernel reads the mass below
+    only without top-k."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+    part = tl.program_id(1)
     if tl.load(span_ptr + row * 3 + 2) != 0:
         thr = tl.load(bounds_ptr + row * 3 + 1)
         level = tl.load(bounds_ptr + row * 3 + 2)
-        idx = chunk * CHUNK + tl.arange(0, CHUNK)
+        idx = part * PART + tl.arange(0, PART)
         # Loaded here, not through load_clean: split.py's collect_kernel says why (a
         # store whose address comes from a helper's result marks the logits written).
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
         candidate = (x >= thr) & (x > float("-inf"))
         inside = candidate & (x >= level)
-        out = sums_ptr + (row * num_chunks + chunk) * 4
+        out = sums_ptr + (row * num_parts + part) * 4
         tl.store(out, 0.0)
         tl.store(out + 1, 0.0)
         tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.float32), 0))
         tl.store(out + 3, 0.0)
         if tl.max(inside.to(tl.int32), 0) > 0:
-            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
-            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
+            counter = count_ptr + row + tl.zeros([PART], tl.int32)
+            place = tl.atomic_add(counter, tl.full([PART], 1, tl.int32), mask=inside)
             tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))

@@ -25,10 +25,11 @@ if TRITON_INTERPRET:
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
-    MAXIMA_CHUNK = 8
+    MAXIMA_CHUNK, MAXIMA_GROUP = 8, 2
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
-    MAXIMA_CHUNK = 1024  # tokens a program of maxima.py's two reads takes: top-k up to V / 1,024 goes there
+    MAXIMA_CHUNK = 1024  # maxima.py's chunk: top-k up to V / 1,024 goes there
+    MAXIMA_GROUP = 8  # chunks a program of maxima.py's two reads takes
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
@@ -99,19 +100,21 @@ def maxima_rows(logits, params, cut, done, num_chunks, capacity, shift, tile, pi
     span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
     count = torch.empty((num_rows,), dtype=torch.int32, device=device)
     values = torch.empty((num_rows, capacity), dtype=torch.float32, device=device)
-    sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
-    wrap_triton(maxima_kernel)[(num_rows, num_chunks)](
-        logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, num_warps=4,
+    num_parts = cdiv(num_chunks, MAXIMA_GROUP)
+    sums = torch.empty((num_rows, num_parts, 4), dtype=torch.float32, device=device)
+    wrap_triton(maxima_kernel)[(num_rows, num_parts)](
+        logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, GROUP=MAXIMA_GROUP,
+        num_warps=4,
     )  # fmt: skip
     wrap_triton(level_kernel)[(num_rows,)](
         *params, maxima, bounds, span, count, cut, done, vocab, num_chunks, CHUNKS=power_of_two_tile(num_chunks),
         num_warps=4,
     )  # fmt: skip
-    wrap_triton(gather_kernel)[(num_rows, num_chunks)](
-        logits, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK,
-        CAPACITY=capacity, num_warps=4,
+    wrap_triton(gather_kernel)[(num_rows, num_parts)](
+        logits, bounds, span, count, values, sums, vocab, logits.stride(0), num_parts,
+        PART=MAXIMA_CHUNK * MAXIMA_GROUP, CAPACITY=capacity, num_warps=8,
     )  # fmt: skip
-    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks, capacity, shift, tile, pivots)
+    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_parts, capacity, shift, tile, pivots)
 
 
 def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:
