@@ -225,32 +225,42 @@ def test_interpreted_kernel_equals_reference(batch):
             assert got[r].item() == want[r].item(), f"row {r}"
 
 
+def split_cut_finishes(monkeypatch, maxima_chunk, logits, temperature, top_k, top_p, min_p, finished: int):
+    """op.split_cut (split.py's and maxima.py's kernels) at small tiles (128-token
+    chunks, the GPU's window depth, capacity 256; maxima.py's chunks of maxima_chunk)
+    in float32 and bfloat16: the first `finished` rows done with the oracle's cut, the
+    rest left to the per-row search, and the whole op the oracle's on every row."""
+    import specdraft.ops.sampling.truncation.op as launch
+
+    settings = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "MAXIMA_CHUNK": maxima_chunk}
+    for name, value in settings.items():
+        monkeypatch.setattr(launch, name, value)
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (logits.to(dtype), temperature, top_k, top_p, min_p)
+        cut, done = launch.split_cut(*args)
+        assert done.tolist() == [1] * finished + [0] * (len(done) - finished), dtype
+        whole = truncation_cut(*args).tolist()
+        for r, row in enumerate(rows_of(args[0])):
+            want, _ = spec.truncation_cut(row, temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
+            if r < finished:
+                assert cut[r].item() == want, (dtype, r)
+            assert whole[r] == want, (dtype, r)
+
+
 @pytest.mark.interpreter
 def test_split_path_finishes_typical_rows(monkeypatch):
     """split.py's two reads finish every top-k / top-p row of a typical batch (random
-    logits, V = 1,000, the GPU's window depth) with the oracle's cut, and leave min-p
-    rows to the per-row search: a split path that finished nothing would still give
-    exact cuts through the search, only slower, so this is what catches it."""
-    import specdraft.ops.sampling.truncation.op as launch
-
-    # One chunk for maxima.py's path (V = 1,000): it takes only k = 1, so the other top-k rows are split.py's.
-    settings = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "MAXIMA_CHUNK": 1024}
-    for name, value in settings.items():
-        monkeypatch.setattr(launch, name, value)
+    logits, V = 1,000) with the oracle's cut, and leave min-p rows to the per-row
+    search: a split path that finished nothing would still give exact cuts through
+    the search, only slower, so this is what catches it."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(8, 1000, generator=gen) * 3
     temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 0.7, 1.0, 1.0])
     top_k = torch.tensor([50, 0, 0, 20, 5, 1, 0, 0], dtype=torch.int32)
     top_p = torch.tensor([1.0, 0.9, 0.5, 0.9, 1.0, 1.0, 0.9, 1.0])
     min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.1])
-    for dtype in (torch.float32, torch.bfloat16):
-        args = (logits.to(dtype), temperature, top_k, top_p, min_p)
-        cut, done = launch.split_cut(*args)
-        assert done.tolist() == [1] * 6 + [0, 0], dtype
-        rows = rows_of(args[0])
-        for r in range(6):
-            want, _ = spec.truncation_cut(rows[r], temperature[r].item(), top_k[r].item(), top_p[r].item(), 0.0)
-            assert cut[r].item() == want, (dtype, r)
+    # One chunk for maxima.py's path: it takes only k = 1, so the other top-k rows are split.py's.
+    split_cut_finishes(monkeypatch, 1024, logits, temperature, top_k, top_p, min_p, finished=6)
 
 
 @pytest.mark.interpreter
@@ -261,16 +271,6 @@ def test_maxima_path_finishes_top_k_rows(monkeypatch):
     this path's work; a row whose k exceeds the chunks, and a row of ties (every
     token above the bound: more than CAPACITY to copy), stay for the per-row search,
     which still gives the oracle's cut."""
-    import specdraft.ops.sampling.truncation.op as launch
-
-    for name, value in {
-        "CHUNK": 128,
-        "WINDOW_BINS": 64,
-        "CAPACITY": 256,
-        "RESOLVE_TILE": 64,
-        "MAXIMA_CHUNK": 8,
-    }.items():
-        monkeypatch.setattr(launch, name, value)
     gen = torch.Generator().manual_seed(6)
     logits = torch.randn(8, 600, generator=gen) * 3  # 75 chunks of 8
     logits[7] = 1.5
@@ -278,18 +278,7 @@ def test_maxima_path_finishes_top_k_rows(monkeypatch):
     top_k = torch.tensor([50, 20, 5, 1, 20, 75, 76, 3], dtype=torch.int32)
     top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
     min_p = torch.tensor([0.05, 0.05, 0.2, 0.05, 0.0, 0.01, 0.01, 0.01])
-    for dtype in (torch.float32, torch.bfloat16):
-        args = (logits.to(dtype), temperature, top_k, top_p, min_p)
-        cut, done = launch.split_cut(*args)
-        assert done.tolist() == [1] * 6 + [0, 0], dtype
-        rows = rows_of(args[0])
-        for r in range(6):
-            params = (temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
-            assert cut[r].item() == spec.truncation_cut(rows[r], *params)[0], (dtype, r)
-        whole = truncation_cut(*args).tolist()  # the search finishes rows 6 and 7
-        for r, row in enumerate(rows):
-            params = (temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
-            assert whole[r] == spec.truncation_cut(row, *params)[0], (dtype, r)
+    split_cut_finishes(monkeypatch, 8, logits, temperature, top_k, top_p, min_p, finished=6)
 
 
 # ------------------------------------------------------------ op, compile, inputs

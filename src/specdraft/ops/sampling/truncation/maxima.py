@@ -33,13 +33,19 @@ from .kernel import clean, load_clean, min_p_threshold, row_rules
 
 
 @triton.jit
+def on_maxima_path(truncated, top_k_on, top_k, num_chunks):
+    """This path's rule (split.py's row_switches leaves these rows to it): truncated,
+    top-k on, and k at most the number of chunks."""
+    return truncated & top_k_on & (top_k <= num_chunks)
+
+
+@triton.jit
 def by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks):
-    """kernel.py's row_rules, and whether the row takes this path: truncated, top-k
-    on, and k at most the number of chunks."""
+    """kernel.py's row_rules, and whether the row takes this path (on_maxima_path)."""
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
-    return temp, top_k, min_p, min_p_on, truncated & top_k_on & (top_k <= num_chunks)
+    return temp, top_k, min_p, min_p_on, on_maxima_path(truncated, top_k_on, top_k, num_chunks)
 
 
 @triton.jit

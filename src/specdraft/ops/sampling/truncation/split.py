@@ -53,6 +53,7 @@ bin and the two passes agree on every token's bin.
 
 from ...backend import tl, triton
 from .kernel import candidate_weights, clean, key_value, load_clean, min_p_threshold, order_key, row_rules
+from .maxima import on_maxima_path
 
 
 @triton.jit
@@ -63,8 +64,8 @@ def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, m
     )
     # min-p rows go to kernel.py's search: its two passes (max, smallest candidate)
     # beat these two reads there (H200, B = 256, V = 152k: 123 against 220 us);
-    # top-k rows with k <= maxima_chunks to maxima.py's path (its rule, by_maxima).
-    split = truncated & ~min_p_on & ~(top_k_on & (top_k <= maxima_chunks))
+    # top-k rows with k <= maxima_chunks to maxima.py's path.
+    split = truncated & ~min_p_on & ~on_maxima_path(truncated, top_k_on, top_k, maxima_chunks)
     return temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated, split
 
 
