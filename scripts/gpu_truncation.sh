@@ -6,6 +6,10 @@
 #                                            # then the 10^6-trial lossless cases (SPECDRAFT_SLOW=1, -m slow)
 #   bash scripts/gpu_truncation.sh bench     # benchmarks/bench_truncation.py --tiles (the cut, its tiles, the truncated samplers)
 #                                            # and bench_truncation_acceptance.py on the demo pair
+#   OLD_SRC=DIR OLD_COMMIT=SHA bash scripts/gpu_truncation.sh side
+#                                            # bench_truncation.py --no-baselines on an older tree's package
+#                                            # (DIR holds its specdraft/, e.g. `git archive SHA src/specdraft`
+#                                            # without assets), then on this one: ratios side by side in one call
 #   bash scripts/gpu_truncation.sh sanitize  # compute-sanitizer memcheck over the three kernels that take a cut
 #   bash scripts/gpu_truncation.sh all       # the three in turn (about 9 minutes on one H200)
 DEFAULT_OUT=/tmp/gpu_truncation
@@ -21,7 +25,8 @@ tests() {
     SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider -m "not interpreter" -rfEs \
         "${files[@]}" > "$OUT/tests_truncation.log" 2>&1
     echo "truncation tests: exit $?"; tail -12 "$OUT/tests_truncation.log"
-    SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider -m slow -rfEs \
+    # Six workers: a 10^6-trial case holds ~10 GB of the GPU (12 workers ran out of an H200's 140 GB).
+    SPECDRAFT_SLOW=1 SPECDRAFT_DEVICE=cuda timeout 240 python3 -m pytest -q -n 6 -p no:cacheprovider -m slow -rfEs \
         tests/ops/sampling/test_truncated_sampling_lossless.py > "$OUT/tests_truncation_slow.log" 2>&1
     echo "10^6-trial lossless cases: exit $?"; tail -6 "$OUT/tests_truncation_slow.log"
 }
@@ -33,25 +38,34 @@ bench() {
         echo "bench_truncation_acceptance: exit $?"; tail -12 "$OUT/bench_truncation_acceptance.log"
     fi
 }
+side() {
+    PYTHONPATH="$OLD_SRC" BENCH_COMMIT="$OLD_COMMIT" timeout 200 python3 benchmarks/bench_truncation.py --no-baselines \
+        > "$OUT/bench_truncation_old.log" 2>&1
+    echo "bench_truncation at $OLD_COMMIT: exit $?"; grep "^|" "$OUT/bench_truncation_old.log"
+    timeout 200 python3 benchmarks/bench_truncation.py --no-baselines > "$OUT/bench_truncation.log" 2>&1
+    echo "bench_truncation: exit $?"; grep "^|" "$OUT/bench_truncation.log"
+}
 sanitize() {
     # Small odd sizes (rows and vocabulary not multiples of any tile), every rule mixed in one batch.
     cat > "$OUT/sanitize_truncation.py" <<'PY'
 import torch
 from specdraft.ops import draft_sample, rejection_sample, truncation_cut
-B, K, V = 7, 3, 3001
+B, K, V = 9, 3, 3001
 g = torch.Generator(device="cuda").manual_seed(0)
 logits = (torch.randn(B * (K + 1), V, device="cuda", generator=g) * 3).to(torch.bfloat16)
-temp = torch.tensor([0.0, 0.5, 0.7, 1.0, 2.0, 1.0, 0.7], device="cuda")
-top_k = torch.tensor([0, 1, 5, 50, 0, 20, V + 3], dtype=torch.int32, device="cuda")
-top_p = torch.tensor([1.0, 0.5, 0.9, 0.99, 1.0, 0.9, 1.0], device="cuda")
-min_p = torch.tensor([0.0, 0.0, 0.05, 0.2, 0.05, 0.0, 1.0], device="cuda")
+# Rows: greedy, maxima.py's (top-k; min-p alone), split.py's (top-p alone, keyed in
+# bf16; k above maxima.py's bound), kernel.py's (min-p, k above that bound).
+temp = torch.tensor([0.0, 0.5, 0.7, 1.0, 2.0, 1.0, 0.7, 1.0, 0.7], device="cuda")
+top_k = torch.tensor([0, 1, 5, 50, 0, 20, V + 3, 0, 3000], dtype=torch.int32, device="cuda")
+top_p = torch.tensor([1.0, 0.5, 0.9, 0.99, 1.0, 0.9, 1.0, 0.9, 0.9], device="cuda")
+min_p = torch.tensor([0.0, 0.0, 0.05, 0.2, 0.05, 0.0, 1.0, 0.0, 0.0], device="cuda")
 rows = lambda t: t.repeat_interleave(K + 1)  # noqa: E731
 cut = truncation_cut(logits, rows(temp), rows(top_k), rows(top_p), rows(min_p)).view(B, K + 1)
 seeds, positions = torch.arange(B, device="cuda") + 11, torch.arange(B, device="cuda") * 3
 draft = draft_sample(logits[:B].contiguous(), temp, seeds, positions, logit_cut=cut[:, 0].contiguous())
 probs = torch.softmax(torch.randn(B, K, V, device="cuda"), -1)
 drafts = torch.randint(0, V, (B, K), device="cuda")
-num = torch.tensor([3, 2, 0, 1, 3, 3, 2], device="cuda")
+num = torch.tensor([3, 2, 0, 1, 3, 3, 2, 3, 1], device="cuda")
 out = rejection_sample(drafts, num, probs, logits.view(B, K + 1, V), temp, seeds, positions, logit_cut=cut)
 torch.cuda.synchronize()
 print("sanitize: ran draft_sample, truncation_cut, rejection_sample with cuts", draft.shape, [o.shape for o in out])
@@ -63,6 +77,7 @@ PY
 case "$stage" in
 tests) tests ;;
 bench) bench ;;
+side) side ;;
 sanitize) sanitize ;;
 all) tests; bench; sanitize ;;
 *) echo "unknown stage $stage"; exit 2 ;;

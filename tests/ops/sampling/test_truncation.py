@@ -225,24 +225,27 @@ def test_interpreted_kernel_equals_reference(batch):
             assert got[r].item() == want[r].item(), f"row {r}"
 
 
-def split_cut_finishes(monkeypatch, maxima_chunk, logits, temperature, top_k, top_p, min_p, finished: int):
+def split_cut_finishes(monkeypatch, maxima_chunk, logits, temperature, top_k, top_p, min_p, finished, **settings):
     """op.split_cut (split.py's and maxima.py's kernels) at small tiles (128-token
-    chunks, the GPU's window depth, capacity 256; maxima.py's chunks of maxima_chunk)
-    in float32 and bfloat16: the first `finished` rows done with the oracle's cut, the
-    rest left to the per-row search, and the whole op the oracle's on every row."""
+    chunks, the GPU's window depth, capacity 256, 8 keys; maxima.py's chunks of
+    maxima_chunk; `settings` changes them) in float32 and bfloat16: the rows
+    `finished` marks 1 (a list, or a list per dtype) done with the oracle's cut,
+    those it marks 0 left to the per-row search, and the whole op the oracle's on
+    every row."""
     import specdraft.ops.sampling.truncation.op as launch
 
-    settings = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "MAXIMA_CHUNK": maxima_chunk}
-    for name, value in settings.items():
+    tiles = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "KEYS": 8}
+    for name, value in {**tiles, "MAXIMA_CHUNK": maxima_chunk, **settings}.items():
         monkeypatch.setattr(launch, name, value)
     for dtype in (torch.float32, torch.bfloat16):
         args = (logits.to(dtype), temperature, top_k, top_p, min_p)
         cut, done = launch.split_cut(*args)
-        assert done.tolist() == [1] * finished + [0] * (len(done) - finished), dtype
+        expected = finished[dtype] if isinstance(finished, dict) else finished
+        assert done.tolist() == expected, dtype
         whole = truncation_cut(*args).tolist()
         for r, row in enumerate(rows_of(args[0])):
             want, _ = spec.truncation_cut(row, temperature[r].item(), top_k[r].item(), top_p[r].item(), min_p[r].item())
-            if r < finished:
+            if expected[r]:
                 assert cut[r].item() == want, (dtype, r)
             assert whole[r] == want, (dtype, r)
 
@@ -250,9 +253,10 @@ def split_cut_finishes(monkeypatch, maxima_chunk, logits, temperature, top_k, to
 @pytest.mark.interpreter
 def test_split_path_finishes_typical_rows(monkeypatch):
     """split.py's two reads finish every top-k / top-p row of a typical batch (random
-    logits, V = 1,000) with the oracle's cut, and leave min-p rows to the per-row
-    search: a split path that finished nothing would still give exact cuts through
-    the search, only slower, so this is what catches it."""
+    logits, V = 1,000) with the oracle's cut, and leave rows with top-p and min-p to
+    the per-row search (min-p alone is maxima.py's): a split path that finished
+    nothing would still give exact cuts through the search, only slower, so this is
+    what catches it."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(8, 1000, generator=gen) * 3
     temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 0.7, 1.0, 1.0])
@@ -260,25 +264,46 @@ def test_split_path_finishes_typical_rows(monkeypatch):
     top_p = torch.tensor([1.0, 0.9, 0.5, 0.9, 1.0, 1.0, 0.9, 1.0])
     min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.05, 0.1])
     # One chunk for maxima.py's path: it takes only k = 1, so the other top-k rows are split.py's.
-    split_cut_finishes(monkeypatch, 1024, logits, temperature, top_k, top_p, min_p, finished=6)
+    split_cut_finishes(monkeypatch, 1024, logits, temperature, top_k, top_p, min_p, finished=[1] * 6 + [0, 1])
 
 
 @pytest.mark.interpreter
 def test_maxima_path_finishes_top_k_rows(monkeypatch):
     """maxima.py's path (k <= the number of chunks: the chunks' maxima bound the k-th
     logit from below) finishes typical top-k rows, with top-p and min-p beside top-k,
-    with the oracle's cut. min-p rows are not split.py's, so a finished min-p row is
-    this path's work; a row whose k exceeds the chunks, and a row of ties (every
-    token above the bound: more than CAPACITY to copy), stay for the per-row search,
+    and min-p alone (each part's smallest candidate), with the oracle's cut. min-p
+    rows are not split.py's, so a finished min-p row is this path's work; a row whose
+    k exceeds the chunks, a row of ties (every token above the bound: more than
+    CAPACITY to copy) and a row with min-p and top-p stay for the per-row search,
     which still gives the oracle's cut."""
     gen = torch.Generator().manual_seed(6)
-    logits = torch.randn(8, 600, generator=gen) * 3  # 75 chunks of 8
+    logits = torch.randn(11, 600, generator=gen) * 3  # 75 chunks of 8
     logits[7] = 1.5
-    temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 1.0, 1.0, 1.0])
-    top_k = torch.tensor([50, 20, 5, 1, 20, 75, 76, 3], dtype=torch.int32)
-    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
-    min_p = torch.tensor([0.05, 0.05, 0.2, 0.05, 0.0, 0.01, 0.01, 0.01])
-    split_cut_finishes(monkeypatch, 8, logits, temperature, top_k, top_p, min_p, finished=6)
+    logits[9, :300] = -INF  # min-p alone, the smallest candidate in the second half
+    temperature = torch.tensor([1.0, 0.7, 0.5, 1.0, 2.0, 1.0, 1.0, 1.0, 0.7, 2.0, 1.0])
+    top_k = torch.tensor([50, 20, 5, 1, 20, 75, 76, 3, 0, 0, 0], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.9])
+    min_p = torch.tensor([0.05, 0.05, 0.2, 0.05, 0.0, 0.01, 0.01, 0.01, 0.05, 0.01, 0.05])
+    finished = [1] * 6 + [0, 0, 1, 1, 0]
+    split_cut_finishes(monkeypatch, 8, logits, temperature, top_k, top_p, min_p, finished=finished)
+
+
+@pytest.mark.interpreter
+def test_keyed_counts_finish_bf16_rows_whose_range_overflows_the_copy(monkeypatch):
+    """split.py's keyed collect: a bf16 row's range spanning at most KEYS keys is
+    counted per key, not copied, so rows of many ties (logits in steps of 0.5: more
+    tokens in the range than CAPACITY) finish in bf16 and stay for the search in
+    float32 (whose keys are too dense to count), both with the oracle's cut."""
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(4, 2000, generator=gen) * 6).round() / 2
+    temperature = torch.tensor([1.0, 0.7, 2.0, 1.0])
+    top_k = torch.zeros(4, dtype=torch.int32)
+    top_p = torch.tensor([0.9, 0.9, 0.5, 0.99])
+    finished = {torch.float32: [0, 1, 0, 0], torch.bfloat16: [1, 1, 1, 0]}
+    # The per-row search's tiles as on the GPU: the interpreter's would take a minute.
+    search = {"BLOCK": 512, "MASS_BLOCK": 256, "BINS": 64, "PIVOTS": 16}
+    split_cut_finishes(monkeypatch, 1024, logits, temperature, top_k, top_p, torch.zeros(4), finished,
+                       CAPACITY=32, RESOLVE_TILE=32, KEYS=32, **search)  # fmt: skip
 
 
 # ------------------------------------------------------------ op, compile, inputs

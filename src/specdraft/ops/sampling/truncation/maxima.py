@@ -1,31 +1,36 @@
-"""The top-k path of `truncation_cut` on CUDA: a lower bound on the k-th largest logit
-from the maxima of the row's chunks, then exact work on the few values above it.
+"""The top-k and min-p path of `truncation_cut` on CUDA: the maxima of the row's
+chunks, then exact work on a few values a row.
 
-A row of V logits split into S chunks has S chunk maxima, S distinct tokens of the
-row, so where k <= S the k-th largest chunk maximum L is at most the row's k-th
+Top-k: a row of V logits split into S chunks has S chunk maxima, S distinct tokens of
+the row, so where k <= S the k-th largest chunk maximum L is at most the row's k-th
 largest logit: at least k tokens (those maxima) are >= L. Every token top-k can keep
 is >= L, and on typical rows few others are (random rows, V = 152k in chunks of
-1,024, k = 50: about a hundred), so:
+1,024, k = 50: about a hundred). Min-p alone (top-k and top-p off): the cut is the
+row's smallest candidate (the smallest logit at or above the max's threshold), the
+smallest of each part's smallest. So:
 
 1. `maxima_kernel` [R, S / GROUP]: each chunk's max (one read of the logits: no
    histogram, no exp);
-2. `level_kernel` [R]: the row's max, its min-p threshold thr, and the level
-   max(L, thr): L as the largest chunk maximum that at least k maxima reach (a [S, S]
-   comparison, no sort). Where fewer than k candidates (tokens >= thr) exist, L < thr
-   (k maxima >= L would be k candidates), so the level is thr and every candidate is
-   copied;
-3. `gather_kernel` [R, S / GROUP]: each program counts its candidates below the
-   level and copies those at or above it (a few a row, each placed by an atomic add);
+2. `level_kernel` [R]: the row's max, its min-p threshold thr, and for top-k the
+   level max(L, thr): L as the largest chunk maximum that at least k maxima reach (a
+   [S, S] comparison, no sort). Where fewer than k candidates (tokens >= thr) exist,
+   L < thr (k maxima >= L would be k candidates), so the level is thr and every
+   candidate is copied;
+3. `gather_kernel` [R, S / GROUP]: top-k rows: each program counts its candidates
+   below the level and copies those at or above it (a few a row, each placed by an
+   atomic add); min-p rows: each program copies its smallest candidate, one value;
 4. split.py's `resolve_kernel`, unchanged: with nothing above the copied range, the
    k-th largest copied value is top-k's cut, and top-p's mass is over the copied
-   values at or above it, which is all top-p weighs once top-k is on.
+   values at or above it, which is all top-p weighs once top-k is on; with nothing
+   below it (min-p), the smallest copied value is the cut.
 
 Rows whose copy overflows CAPACITY (a row of ties, a flat row) stay undone and go to
 kernel.py's per-row search, like split.py's leftovers; so the cut is exact whatever
-the row. Rows with top-k off or k > S take split.py's histogram path (or the search,
-for min-p), which this path takes over from where it applies: measured on an H200
-at B = 256, V = 152k, the histogram path's window and copy passes were 248-293 us for
-top-k 50 or top-k 20 + top-p 0.9 (benchmarks/README.md, "Sampling truncation").
+the row. Rows with top-k off or k > S, min-p rows with top-p on among them, take
+split.py's histogram path or kernel.py's search. Measured on an H200 at B = 256, V =
+152k: the histogram path's window and copy passes were 248-293 us for top-k 50 or
+top-k 20 + top-p 0.9, this path's 131-136 us (benchmarks/README.md, "Sampling
+truncation"); kernel.py's two passes for min-p alone, 142 us.
 """
 
 from ...backend import tl, triton
@@ -33,10 +38,11 @@ from .kernel import clean, load_clean, min_p_threshold, row_rules
 
 
 @triton.jit
-def on_maxima_path(truncated, top_k_on, top_k, num_chunks):
+def on_maxima_path(truncated, top_k_on, top_k, top_p_on, min_p_on, num_chunks):
     """This path's rule (split.py's row_switches leaves these rows to it): truncated,
-    top-k on, and k at most the number of chunks."""
-    return truncated & top_k_on & (top_k <= num_chunks)
+    and top-k on with k at most the number of chunks, or min-p alone."""
+    min_p_alone = min_p_on & ~top_k_on & ~top_p_on
+    return truncated & ((top_k_on & (top_k <= num_chunks)) | min_p_alone)
 
 
 @triton.jit
@@ -45,7 +51,8 @@ def by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
-    return temp, top_k, min_p, min_p_on, on_maxima_path(truncated, top_k_on, top_k, num_chunks)
+    taken = on_maxima_path(truncated, top_k_on, top_k, top_p_on, min_p_on, num_chunks)
+    return temp, top_k, top_k_on, min_p, min_p_on, taken
 
 
 @triton.jit
@@ -59,7 +66,7 @@ def maxima_kernel(
     row's switches."""
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
-    _, _, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks)
+    _, _, _, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks)
     if taken:
         chunks = group * GROUP + tl.arange(0, GROUP)
         idx = chunks[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
@@ -78,7 +85,7 @@ def level_kernel(
     gather and resolve; 0: done, or left to kernel.py's search). split.py's resolve
     reads span[row, 2] only, and the sums and copies gather_kernel writes."""
     row = tl.program_id(0).to(tl.int64)
-    temp, top_k, min_p, min_p_on, taken = by_maxima(
+    temp, top_k, _, min_p, min_p_on, taken = by_maxima(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, num_chunks
     )
     go = tl.zeros([], tl.int32)
@@ -104,16 +111,21 @@ def level_kernel(
 
 @triton.jit
 def gather_kernel(
-    logits_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, vocab, row_stride, num_parts,
+    logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr,
+    sums_ptr, vocab, row_stride, num_parts, maxima_chunks,
     PART: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
-    """Step 3: the candidates of the program's PART tokens below the level counted,
-    those at or above it copied out. sums[row, part] = (0, 0, count below, 0):
-    nothing lies above the copied range, and resolve_kernel reads the mass below
-    only without top-k."""
+    """Step 3: top-k rows: the candidates of the program's PART tokens below the level
+    counted, those at or above it copied out; min-p rows: the program's smallest
+    candidate copied out, one value (so the row's smallest is among the copies and
+    none lies below them). sums[row, part] = (0, 0, count below, 0): nothing lies
+    above the copied range, and resolve_kernel reads the mass below only with top-p
+    and without top-k."""
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    if tl.load(span_ptr + row * 3 + 2) != 0:
+    _, _, top_k_on, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab,
+                                            maxima_chunks)  # fmt: skip
+    if taken & (tl.load(span_ptr + row * 3 + 2) != 0):
         thr = tl.load(bounds_ptr + row * 3 + 1)
         level = tl.load(bounds_ptr + row * 3 + 2)
         idx = part * PART + tl.arange(0, PART)
@@ -121,13 +133,20 @@ def gather_kernel(
         # store whose address comes from a helper's result marks the logits written).
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
         candidate = (x >= thr) & (x > float("-inf"))
-        inside = candidate & (x >= level)
         out = sums_ptr + (row * num_parts + part) * 4
         tl.store(out, 0.0)
         tl.store(out + 1, 0.0)
-        tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.float32), 0))
         tl.store(out + 3, 0.0)
-        if tl.max(inside.to(tl.int32), 0) > 0:
-            counter = count_ptr + row + tl.zeros([PART], tl.int32)
-            place = tl.atomic_add(counter, tl.full([PART], 1, tl.int32), mask=inside)
-            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
+        if top_k_on:
+            inside = candidate & (x >= level)
+            tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.float32), 0))
+            if tl.max(inside.to(tl.int32), 0) > 0:
+                counter = count_ptr + row + tl.zeros([PART], tl.int32)
+                place = tl.atomic_add(counter, tl.full([PART], 1, tl.int32), mask=inside)
+                tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
+        else:
+            tl.store(out + 2, 0.0)
+            smallest = tl.min(tl.where(candidate, x, float("inf")), 0)
+            if smallest < float("inf"):
+                place = tl.atomic_add(count_ptr + row, 1)
+                tl.store(values_ptr + row * CAPACITY + place, smallest, mask=place < CAPACITY)

@@ -25,7 +25,7 @@ if TRITON_INTERPRET:
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
-    MAXIMA_CHUNK, MAXIMA_GROUP = 8, 2
+    MAXIMA_CHUNK, MAXIMA_GROUP, KEYS = 8, 2, 8
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
     MAXIMA_CHUNK = 1024  # maxima.py's chunk: top-k up to V / 1,024 goes there
@@ -33,6 +33,7 @@ else:
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
+    KEYS = 64  # keys a bf16 / fp16 row's range may count tokens of instead (<= CAPACITY)
     RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
@@ -56,52 +57,60 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     cut = _output(num_rows, device)
     done = torch.empty((num_rows,), dtype=torch.int8, device=device)
     chunk_max = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
-    hist = torch.empty((num_rows, num_chunks, WINDOW_BINS), dtype=torch.int32, device=device)
-    bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
-    span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
-    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
-    values = torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device)
+    # The window's counts; then, dead after bracket_kernel, the keyed collect's counts.
+    hist = torch.empty((num_rows, num_chunks, max(WINDOW_BINS, KEYS)), dtype=torch.int32, device=device)
+    # A row takes one path (split.py's or maxima.py's), so the two share these.
+    rows = {
+        "bounds": torch.empty((num_rows, 3), dtype=torch.float32, device=device),
+        "span": torch.empty((num_rows, 3), dtype=torch.int32, device=device),
+        "count": torch.empty((num_rows,), dtype=torch.int32, device=device),
+        "values": torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device),
+    }
+    bounds, span, count, values = rows.values()
     sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
+    shift = KEY_SHIFT[logits.dtype]
     params = (temperature, top_k, top_p, min_p)
     wrap_triton(window_kernel)[(num_rows, num_chunks)](
-        logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, maxima_chunks, CHUNK=CHUNK,
-        NB=WINDOW_BINS, num_warps=WINDOW_WARPS,
+        logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, maxima_chunks, hist.shape[2],
+        CHUNK=CHUNK, NB=WINDOW_BINS, num_warps=WINDOW_WARPS,
     )  # fmt: skip
     wrap_triton(bracket_kernel)[(num_rows,)](
-        *params, chunk_max, hist, bounds, span, count, cut, done, vocab, num_chunks, maxima_chunks,
-        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, num_warps=4,
+        *params, chunk_max, hist, hist.shape[2], bounds, span, count, cut, done, vocab, num_chunks, maxima_chunks,
+        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=4,
     )  # fmt: skip
     wrap_triton(collect_kernel)[(num_rows, num_chunks)](
-        logits, temperature, top_p, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
-        CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=NUM_WARPS,
+        logits, temperature, top_p, bounds, span, count, values, sums, hist, hist.shape[2], vocab, logits.stride(0),
+        num_chunks, CHUNK=CHUNK, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=NUM_WARPS,
     )  # fmt: skip
-    resolve = (CAPACITY, KEY_SHIFT[logits.dtype], RESOLVE_TILE, PIVOTS)
-    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks, *resolve)
-    maxima_rows(logits, params, cut, done, maxima_chunks, *resolve)
+    resolve = (CAPACITY, shift, RESOLVE_TILE, PIVOTS)
+    resolve_rows(params, bounds, span, count, values, sums, (hist, hist.shape[2]), cut, done, vocab, num_chunks,
+                 *resolve)  # fmt: skip
+    maxima_rows(logits, params, rows, cut, done, maxima_chunks, *resolve)
     return cut, done
 
 
-def resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
+def resolve_rows(params, bounds, span, count, values, sums, keyed, cut, done, vocab, num_chunks,
                  capacity, shift, tile, pivots) -> None:  # fmt: skip
-    """split.py's resolve_kernel over the rows whose span says go."""
+    """split.py's resolve_kernel over the rows whose span says go; keyed: (the keyed
+    collect's counts, their stride a chunk)."""
     wrap_triton(resolve_kernel)[(cut.shape[0],)](
-        *params, bounds, span, count, values, sums, cut, done, vocab, num_chunks,
-        CHUNKS=power_of_two_tile(num_chunks), CAPACITY=capacity, SHIFT=shift, TILE=tile, PIVOTS=pivots, num_warps=4,
+        *params, bounds, span, count, values, sums, *keyed, cut, done, vocab, num_chunks,
+        CHUNKS=power_of_two_tile(num_chunks), CAPACITY=capacity, SHIFT=shift, TILE=tile, PIVOTS=pivots, KEYS=KEYS,
+        num_warps=4,
     )  # fmt: skip
 
 
-def maxima_rows(logits, params, cut, done, num_chunks, capacity, shift, tile, pivots) -> None:
-    """maxima.py's path for its rows (top-k on, k <= num_chunks), after split.py's
-    bracket_kernel set every row's done; its own buffers, then resolve_kernel."""
+def maxima_rows(logits, params, rows, cut, done, num_chunks, capacity, shift, tile, pivots) -> None:
+    """maxima.py's path for its rows (top-k on with k <= num_chunks, or min-p alone),
+    after split.py's resolve: its own maxima and sums, split_cut's row buffers (`rows`:
+    bounds, span, count, values; level_kernel sets every row's go, so split.py's rows
+    are not resolved twice), then resolve_kernel."""
     num_rows, vocab = logits.shape
     device = logits.device
     maxima = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
-    bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
-    span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
-    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
-    values = torch.empty((num_rows, capacity), dtype=torch.float32, device=device)
     num_parts = cdiv(num_chunks, MAXIMA_GROUP)
     sums = torch.empty((num_rows, num_parts, 4), dtype=torch.float32, device=device)
+    bounds, span, count, values = rows["bounds"], rows["span"], rows["count"], rows["values"]
     wrap_triton(maxima_kernel)[(num_rows, num_parts)](
         logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, GROUP=MAXIMA_GROUP,
         num_warps=4,
@@ -111,10 +120,12 @@ def maxima_rows(logits, params, cut, done, num_chunks, capacity, shift, tile, pi
         num_warps=4,
     )  # fmt: skip
     wrap_triton(gather_kernel)[(num_rows, num_parts)](
-        logits, bounds, span, count, values, sums, vocab, logits.stride(0), num_parts,
+        logits, *params, bounds, span, count, values, sums, vocab, logits.stride(0), num_parts, num_chunks,
         PART=MAXIMA_CHUNK * MAXIMA_GROUP, CAPACITY=capacity, num_warps=8,
     )  # fmt: skip
-    resolve_rows(params, bounds, span, count, values, sums, cut, done, vocab, num_parts, capacity, shift, tile, pivots)
+    no_keyed = (torch.empty((0,), dtype=torch.int32, device=device), 0)  # go is never 2 here
+    resolve_rows(params, bounds, span, count, values, sums, no_keyed, cut, done, vocab, num_parts, capacity, shift,
+                 tile, pivots)  # fmt: skip
 
 
 def _launch(logits, temperature, top_k, top_p, min_p) -> torch.Tensor:

@@ -24,20 +24,26 @@ Here a row is split over programs of CHUNK tokens, and the logits are read twice
 3. `collect_kernel` [R, S]: with the range known, each chunk adds up exactly (fp32
    per chunk, fp64 over chunks) the candidates above the range (count and mass) and
    below it, and copies the candidates inside it to a buffer of CAPACITY values a
-   row (each takes its place by an atomic add on the row's count).
-4. `resolve_kernel` [R]: the exact cut from the sums and the copied values (the k-th
-   candidate by a search over their order keys, then top-p's largest value whose
-   mass at or above it reaches top_p x the total), or, where the counts show the cut
-   is not in the range (the estimate missed, the range held more than CAPACITY
-   values, the window did not reach the cut), nothing: the row is left undone.
+   row (each takes its place by an atomic add on the row's count); or, for bf16 and
+   fp16 logits whose range spans at most KEYS order keys (a few logits hold few
+   distinct values of those dtypes), counts the candidates inside per key
+   (tl.histogram), so a key's mass is its count times its value's weight, exactly,
+   with no copy at all however many tokens the range holds;
+4. `resolve_kernel` [R]: the exact cut from the sums and the copied values or the
+   counted keys (the k-th candidate by a search over their order keys, then top-p's
+   largest value whose mass at or above it reaches top_p x the total), or, where
+   the counts show the cut is not in the range (the estimate missed, the range held
+   more than CAPACITY values to copy, the window did not reach the cut), nothing:
+   the row is left undone.
 
 kernel.py's per-row search then runs for the rows left undone only (the others
 return at once). So the cut is exact whatever the estimate: the estimate decides
-only which rows take the slow path. Rows with min-p on go to the search from the
-start (`row_switches`): measured, its two passes beat these two reads there. The
-kernels here handle min-p's threshold all the same, so that choice is one line.
-Rows with top-k on and k at most V / maxima.py's chunk go to maxima.py's path
-(min-p rows among them): a bound from the chunks' maxima instead of a histogram.
+only which rows take the slow path. Rows with min-p on that maxima.py's path does
+not take (top-p on and top-k off, or k above its bound) go to the search from the
+start (`row_switches`): measured, its two passes beat these two reads there. The kernels here handle min-p's threshold all the same, so
+that choice is one line. Rows with top-k on and k at most V / maxima.py's chunk,
+and rows with min-p alone, go to maxima.py's path (min-p rows with top-k among
+them): the chunks' maxima instead of a histogram.
 
 Measured on an H200 (B = 256, V = 152k, bf16, random rows): the window pass 98 us
 (tl.histogram is most of it: a read with the bins alone is 36 us), the collect pass
@@ -62,10 +68,11 @@ def row_switches(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, m
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated = row_rules(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab
     )
-    # min-p rows go to kernel.py's search: its two passes (max, smallest candidate)
-    # beat these two reads there (H200, B = 256, V = 152k: 123 against 220 us);
-    # top-k rows with k <= maxima_chunks to maxima.py's path.
-    split = truncated & ~min_p_on & ~on_maxima_path(truncated, top_k_on, top_k, maxima_chunks)
+    # min-p rows go to kernel.py's search (its two passes, max and smallest candidate,
+    # beat these two reads there: H200, B = 256, V = 152k, 123 against 220 us), or
+    # with top-k or alone to maxima.py's path, as do top-k rows with k <= maxima_chunks.
+    on_maxima = on_maxima_path(truncated, top_k_on, top_k, top_p_on, min_p_on, maxima_chunks)
+    split = truncated & ~min_p_on & ~on_maxima
     return temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated, split
 
 
@@ -97,7 +104,7 @@ def bin_of(x, inv_width):
 @triton.jit
 def window_kernel(
     logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr,
-    vocab, row_stride, num_chunks, maxima_chunks,
+    vocab, row_stride, num_chunks, maxima_chunks, hist_stride,
     CHUNK: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
     """Step 1: the chunk's max and its tokens' bins counted from its top bin."""
@@ -115,20 +122,21 @@ def window_kernel(
         depth = bin_of(top, inv_width) - bin_of(x, inv_width)
         depth = tl.where(x > float("-inf"), tl.minimum(depth, NB - 1), NB - 1)
         counts = tl.histogram(depth, NB)
-        tl.store(hist_ptr + (row * num_chunks + chunk) * NB + tl.arange(0, NB), counts)
+        tl.store(hist_ptr + (row * num_chunks + chunk) * hist_stride + tl.arange(0, NB), counts)
 
 
 @triton.jit
 def bracket_kernel(
-    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, bounds_ptr, span_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr, hist_stride, bounds_ptr, span_ptr,
     count_ptr, cut_ptr, done_ptr, vocab, num_chunks, maxima_chunks,
-    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr,
+    NB: tl.constexpr, CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
-    """Step 2: the row's max and the range of bins to copy. bounds[row] = (max, min-p
-    threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go): go =
-    1 collects; 0 leaves the row finished (done = 1: not truncated, or nothing above
-    -inf) or to another path (done = 0: maxima.py's rows, then kernel.py's search,
-    min-p rows among them)."""
+    """Step 2: the row's max and the range to collect. bounds[row] = (max, min-p
+    threshold, 1 / w); span[row] = (the range's lowest bin, its highest bin, go), or
+    (its lowest key, its highest key, go) when go = 2: go = 1 copies the range's
+    values, 2 counts them per key; 0 leaves the row finished (done = 1: not
+    truncated, or nothing above -inf) or to another path (done = 0: maxima.py's rows,
+    then kernel.py's search, min-p rows among them)."""
     row = tl.program_id(0).to(tl.int64)
     temp, top_k, top_p, min_p, top_k_on, top_p_on, min_p_on, truncated, split = row_switches(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks
@@ -149,7 +157,7 @@ def bracket_kernel(
             bins = tl.arange(0, NB)
             source = bins[None, :] - shift[:, None]
             inside = (source >= 0) & (source < NB - 1) & (chunks[:, None] < num_chunks)
-            chunk_hist = hist_ptr + (row * num_chunks + chunks[:, None]) * NB + source
+            chunk_hist = hist_ptr + (row * num_chunks + chunks[:, None]) * hist_stride + source
             counts = tl.sum(tl.load(chunk_hist, mask=inside, other=0), 0)
             thr = min_p_threshold(top, temp, min_p, min_p_on)
             # The threshold's bin: candidates fill the bins above it, part of it, none below.
@@ -226,11 +234,24 @@ def bracket_kernel(
                     hi = p_hi
             held = tl.sum(tl.where((bins >= lo) & (bins <= hi), counts, 0), 0)
             go = (found & (held <= CAPACITY)).to(tl.int32)
+            range_lo = top_bin - hi  # absolute bins, the deepest first
+            range_hi = top_bin - lo
+            if SHIFT > 0:
+                # bf16 / fp16 values: a range of a few logits holds few distinct values
+                # (one key each), so where KEYS keys cover it, count per key instead of
+                # copying (the count of a key times its value's weight is its mass).
+                # One key of margin on each side for the bins' fp32 rounding.
+                lowest = order_key(range_lo.to(tl.float32) / inv_width, SHIFT) - 1
+                highest = order_key(tl.minimum((range_hi + 1).to(tl.float32) / inv_width, top), SHIFT) + 1
+                if found & (highest - lowest < KEYS):
+                    go = tl.full([], 2, tl.int32)
+                    range_lo = lowest - (KEYS - 1 - (highest - lowest)) // 2
+                    range_hi = range_lo + KEYS - 1
             tl.store(bounds_ptr + row * 3, top)
             tl.store(bounds_ptr + row * 3 + 1, thr)
             tl.store(bounds_ptr + row * 3 + 2, inv_width)
-            tl.store(span_ptr + row * 3, top_bin - hi)  # absolute bins, the deepest first
-            tl.store(span_ptr + row * 3 + 1, top_bin - lo)
+            tl.store(span_ptr + row * 3, range_lo)
+            tl.store(span_ptr + row * 3 + 1, range_hi)
             tl.store(count_ptr + row, 0)
     tl.store(span_ptr + row * 3 + 2, go)
     tl.store(done_ptr + row, done.to(tl.int8))
@@ -240,17 +261,20 @@ def bracket_kernel(
 
 @triton.jit
 def collect_kernel(
-    logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
-    vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+    logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, keyed_ptr,
+    keyed_stride, vocab, row_stride, num_chunks,
+    CHUNK: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     """Step 3: the chunk's candidates above and below the range (count, mass), and
-    its candidates inside the range copied out. sums[row, chunk] = (count above, mass
-    above, count below, mass below), counts as fp32 of exact small integers (<= CHUNK),
-    masses only where top-p is on (the resolve reads them only then)."""
+    its candidates inside the range copied out (go = 1; the range in bins) or counted
+    per key (go = 2; the range in keys: keyed[row * num_chunks + chunk, j] = the
+    chunk's tokens of key range_lo + j, keyed_stride apart a chunk). sums[row, chunk] = (count above, mass above, count below, mass
+    below), counts as fp32 of exact small integers (<= CHUNK), masses only where
+    top-p is on (the resolve reads them only then)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    if tl.load(span_ptr + row * 3 + 2) != 0:
+    go = tl.load(span_ptr + row * 3 + 2)
+    if go != 0:
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
         inv_width = tl.load(bounds_ptr + row * 3 + 2)
@@ -265,7 +289,10 @@ def collect_kernel(
         # and Inductor would clone them (wrong results on CUDA, torch 2.11).
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
         candidate = (x >= thr) & (x > float("-inf"))
-        where = bin_of(x, inv_width)
+        if go == 2:
+            where = order_key(x, SHIFT)
+        else:
+            where = bin_of(x, inv_width)
         above = candidate & (where > range_hi)
         below = candidate & (where < range_lo)
         inside = candidate & ~above & ~below
@@ -276,7 +303,10 @@ def collect_kernel(
             w = candidate_weights(x, thr, top, temp)
             tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
             tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
-        if tl.max(inside.to(tl.int32), 0) > 0:
+        if go == 2:
+            counts = tl.histogram(tl.where(inside, where - range_lo, 0), KEYS, mask=inside)
+            tl.store(keyed_ptr + (row * num_chunks + chunk) * keyed_stride + tl.arange(0, KEYS), counts)
+        elif tl.max(inside.to(tl.int32), 0) > 0:
             # One atomic add a copied token takes its place (a scan of the chunk's
             # mask for places cost 3x the rest of this kernel on an H200).
             counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
@@ -285,53 +315,59 @@ def collect_kernel(
 
 
 @triton.jit
-def copied_tile(row_values, start, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
-    """A tile of the copied values: (values, their order keys as int64, valid)."""
-    slots = start + tl.arange(0, TILE)
-    valid = slots < number
-    values = tl.load(row_values + slots, mask=valid, other=float("-inf"))
-    return values, order_key(values, SHIFT).to(tl.int64), valid
+def copied_tile(row_values, start, slots, key_base, keyed, SHIFT: tl.constexpr, TILE: tl.constexpr):
+    """A tile of the resolve's slots: (values, their order keys as int64, how many
+    tokens each stands for, as fp64). A copied value stands for one token; keyed,
+    slot j is the value of key key_base + j and holds its count."""
+    at = start + tl.arange(0, TILE)
+    valid = at < slots
+    stored = tl.load(row_values + at, mask=valid, other=0.0)
+    keys = tl.where(keyed, key_base + at.to(tl.int64), order_key(stored, SHIFT).to(tl.int64))
+    values = tl.where(keyed, key_value(keys.to(tl.int32), SHIFT), stored)
+    many = tl.where(valid, tl.where(keyed, stored, 1.0), 0.0).to(tl.float64)
+    return values, keys, many
 
 
 @triton.jit
-def copied_key_range(row_values, number, SHIFT: tl.constexpr, TILE: tl.constexpr):
+def copied_key_range(row_values, slots, key_base, keyed, SHIFT: tl.constexpr, TILE: tl.constexpr):
     """(the lowest, the highest) order key of the copied values."""
     lowest = tl.full([], 1 << 40, tl.int64)
     highest = tl.full([], -(1 << 40), tl.int64)
-    for start in range(0, number, TILE):
-        _, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
-        lowest = tl.minimum(lowest, tl.min(tl.where(valid, keys, 1 << 40), 0))
-        highest = tl.maximum(highest, tl.max(tl.where(valid, keys, -(1 << 40)), 0))
+    for start in range(0, slots, TILE):
+        _, keys, many = copied_tile(row_values, start, slots, key_base, keyed, SHIFT, TILE)
+        lowest = tl.minimum(lowest, tl.min(tl.where(many > 0, keys, 1 << 40), 0))
+        highest = tl.maximum(highest, tl.max(tl.where(many > 0, keys, -(1 << 40)), 0))
     return lowest, highest
 
 
 @triton.jit
-def copied_reach(row_values, number, pivots, base, thr, top, temp, MASS: tl.constexpr, SHIFT: tl.constexpr,
-                 TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
-    """Per pivot, the copied values with key >= the pivot and >= base: their number
-    (MASS false) or mass (a tile's in fp32, the tiles' in fp64)."""
+def copied_reach(row_values, slots, key_base, keyed, pivots, base, thr, top, temp, MASS: tl.constexpr,
+                 SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+    """Per pivot, the copied tokens with key >= the pivot and >= base: their number
+    (MASS false) or mass (in fp64: a keyed count times its weight is exact there)."""
     reach = tl.zeros([PIVOTS], tl.float64)
-    for start in range(0, number, TILE):
-        values, keys, valid = copied_tile(row_values, start, number, SHIFT, TILE)
+    for start in range(0, slots, TILE):
+        values, keys, many = copied_tile(row_values, start, slots, key_base, keyed, SHIFT, TILE)
         if MASS:
-            each = candidate_weights(values, thr, top, temp)
+            each = candidate_weights(values, thr, top, temp).to(tl.float64) * many
         else:
-            each = tl.full([TILE], 1.0, tl.float32)
-        each = tl.where(valid & (keys >= base), each, 0.0)
-        reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0).to(tl.float64)
+            each = many
+        each = tl.where(keys >= base, each, 0.0)
+        reach += tl.sum(tl.where(keys[:, None] >= pivots[None, :], each[:, None], 0.0), 0)
     return reach
 
 
 @triton.jit
-def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp, MASS: tl.constexpr,
-                  SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
+def copied_search(row_values, slots, key_base, keyed, lo, hi, base, floor, goal, thr, top, temp,
+                  MASS: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr):  # fmt: skip
     """The largest key t in [lo, hi) with floor + copied_reach(t) >= goal; lo where
     none does (lo counts as passing). PIVOTS keys a pass: the interval shrinks
     PIVOTS + 1 times (copied bf16 values span a few keys: one or two passes)."""
     steps = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi - lo > 1:
         pivots = lo + ((hi - lo) * steps) // (PIVOTS + 1)
-        reach = floor + copied_reach(row_values, number, pivots, base, thr, top, temp, MASS, SHIFT, TILE, PIVOTS)
+        reach = floor + copied_reach(row_values, slots, key_base, keyed, pivots, base, thr, top, temp, MASS, SHIFT,
+                                     TILE, PIVOTS)  # fmt: skip
         passing = reach >= goal  # a prefix: reach never grows with the pivot
         new_lo = tl.max(tl.where(passing, pivots, lo), 0)
         hi = tl.min(tl.where(passing, hi, pivots), 0)
@@ -341,16 +377,19 @@ def copied_search(row_values, number, lo, hi, base, floor, goal, thr, top, temp,
 
 @triton.jit
 def resolve_kernel(
-    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr, cut_ptr,
-    done_ptr, vocab, num_chunks,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
+    keyed_ptr, keyed_stride, cut_ptr, done_ptr, vocab, num_chunks,
     CHUNKS: tl.constexpr, CAPACITY: tl.constexpr, SHIFT: tl.constexpr, TILE: tl.constexpr, PIVOTS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):  # fmt: skip
-    """Step 4: the exact cut from the sums and the copied values, or nothing (the row
-    stays undone) where they show the cut outside the range. Copied values are values
-    of the logits' dtype, so SHIFT's keys (kernel.py) are one-to-one on them."""
+    """Step 4: the exact cut from the sums and the copied values (or keyed counts),
+    or nothing (the row stays undone) where they show the cut outside the range.
+    Copied values are values of the logits' dtype, so SHIFT's keys (kernel.py) are
+    one-to-one on them."""
     row = tl.program_id(0).to(tl.int64)
+    go = tl.load(span_ptr + row * 3 + 2)
     number = tl.load(count_ptr + row)
-    if (tl.load(span_ptr + row * 3 + 2) != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
+    if (go != 0) & (number <= CAPACITY):  # always <= (the counts bound it)
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
         temp, top_k, top_p, _, top_k_on, top_p_on, _, _ = row_rules(
@@ -364,35 +403,49 @@ def resolve_kernel(
         count_below = tl.sum(tl.load(part + 2, mask=real, other=0.0).to(tl.int64), 0)
         mass_below = tl.sum(tl.load(part + 3, mask=real, other=0.0).to(tl.float64), 0)
         row_values = values_ptr + row * CAPACITY
-        lowest, highest = copied_key_range(row_values, number, SHIFT, TILE)
-        smallest_known = (count_below == 0) & (number > 0)  # the smallest candidate is copied
+        keyed = go == 2
+        key_base = tl.load(span_ptr + row * 3).to(tl.int64)  # keyed: the range's lowest key
+        slots = number
+        copies = number.to(tl.int64)
+        if keyed:
+            # The chunks' counts per key, summed into the row's slots (fp32: exact to
+            # 2**24 tokens).
+            keys = tl.arange(0, KEYS)
+            per_chunk = keyed_ptr + (row * num_chunks + chunks[:, None]) * keyed_stride + keys[None, :]
+            many = tl.sum(tl.load(per_chunk, mask=real[:, None], other=0), 0)
+            tl.store(row_values + keys, many.to(tl.float32))
+            tl.debug_barrier()  # the tiles below read the slots other threads wrote
+            slots = tl.full([], KEYS, tl.int32)
+            copies = tl.sum(many, 0).to(tl.int64)
+        lowest, highest = copied_key_range(row_values, slots, key_base, keyed, SHIFT, TILE)
+        smallest_known = (count_below == 0) & (copies > 0)  # the smallest candidate is copied
 
         ok = tl.full([], 1, tl.int1)
         base = lowest  # the lowest copied key kept before top-p
         with_below = tl.zeros([], tl.int1)
         if top_k_on:
             need = top_k - count_above
-            if (need >= 1) & (need <= number):
-                base = copied_search(row_values, number, lowest, highest + 1, lowest, 0.0, need.to(tl.float64),
-                                     thr, top, temp, False, SHIFT, TILE, PIVOTS)  # fmt: skip
+            if (need >= 1) & (need <= copies):
+                base = copied_search(row_values, slots, key_base, keyed, lowest, highest + 1, lowest, 0.0,
+                                     need.to(tl.float64), thr, top, temp, False, SHIFT, TILE, PIVOTS)  # fmt: skip
             else:
-                ok = (need > number) & smallest_known  # fewer than k candidates: the smallest
+                ok = (need > copies) & smallest_known  # fewer than k candidates: the smallest
         else:
             with_below = count_below > 0
             ok = top_p_on | smallest_known  # min-p alone: the smallest candidate
         cut_key = base
         if top_p_on & ok:
-            all_kept = copied_reach(row_values, number, tl.full([PIVOTS], -(1 << 40), tl.int64), base, thr, top,
-                                    temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+            all_kept = copied_reach(row_values, slots, key_base, keyed, tl.full([PIVOTS], -(1 << 40), tl.int64), base,
+                                    thr, top, temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
             total = mass_above + tl.max(all_kept, 0) + tl.where(with_below, mass_below, 0.0)
             goal = top_p.to(tl.float64) * total
             if (count_above > 0) & (mass_above >= goal):
                 ok = False  # the cut is above the range
             else:
-                cut_key = copied_search(row_values, number, base, highest + 1, base, mass_above, goal, thr, top,
-                                        temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
+                cut_key = copied_search(row_values, slots, key_base, keyed, base, highest + 1, base, mass_above, goal,
+                                        thr, top, temp, True, SHIFT, TILE, PIVOTS)  # fmt: skip
                 # Where even every copied value falls short, the cut is below the range.
-                ok = (number > 0) & (mass_above + tl.max(all_kept, 0) >= goal)
+                ok = (copies > 0) & (mass_above + tl.max(all_kept, 0) >= goal)
         if ok:
             tl.store(cut_ptr + row, key_value(cut_key.to(tl.int32), SHIFT))
             tl.store(done_ptr + row, 1)
