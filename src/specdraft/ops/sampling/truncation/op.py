@@ -13,7 +13,7 @@ from ...backend import NAMESPACE, TRITON_INTERPRET, cdiv, power_of_two_tile, use
 from .kernel import truncation_cut_kernel
 from .maxima import gather_kernel, level_kernel, maxima_kernel
 from .reference import truncation_cut_reference
-from .split import bracket_kernel, collect_kernel, resolve_kernel, window_kernel
+from .split import bracket_kernel, collect_kernel, count_kernel, resolve_kernel, window_kernel
 
 # The low bits of an fp32 value that each logits dtype leaves zero (kernel.py's keys).
 KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
@@ -25,15 +25,17 @@ if TRITON_INTERPRET:
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
-    MAXIMA_CHUNK, MAXIMA_GROUP, KEYS = 8, 2, 8
+    MAXIMA_CHUNK, MAXIMA_GROUP, KEYS, KEYED_FROM, COLLECT_WARPS = 8, 2, 8, 4, 4
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
     MAXIMA_CHUNK = 1024  # maxima.py's chunk: top-k up to V / 1,024 goes there
-    MAXIMA_GROUP = 8  # chunks a program of maxima.py's two reads takes
+    MAXIMA_GROUP = 2  # chunks a program of maxima.py's two reads takes (1: 178, 2: 159, 8: 212 us, top-k 50)
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
-    KEYS = 64  # keys a bf16 / fp16 row's range may count tokens of instead (<= CAPACITY)
+    KEYS = 64  # keys (- 1) a bf16 / fp16 row's range may count tokens of instead (<= CAPACITY)
+    KEYED_FROM = 1024  # tokens in a row's range from which it counts per key, not copies
+    COLLECT_WARPS = 4  # split.py's copy / count pass (4: 436, 8: 500 us, top-p 0.9 alone)
     RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
@@ -76,12 +78,17 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     )  # fmt: skip
     wrap_triton(bracket_kernel)[(num_rows,)](
         *params, chunk_max, hist, hist.shape[2], bounds, span, count, cut, done, vocab, num_chunks, maxima_chunks,
-        NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=4,
+        KEYED_FROM, NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=4,
     )  # fmt: skip
     wrap_triton(collect_kernel)[(num_rows, num_chunks)](
-        logits, temperature, top_p, bounds, span, count, values, sums, hist, hist.shape[2], vocab, logits.stride(0),
-        num_chunks, CHUNK=CHUNK, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=NUM_WARPS,
+        logits, temperature, top_p, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
+        CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=COLLECT_WARPS,
     )  # fmt: skip
+    if shift > 0:  # fp32 rows are never counted per key (bracket_kernel)
+        wrap_triton(count_kernel)[(num_rows, num_chunks)](
+            logits, temperature, top_p, bounds, span, sums, hist, hist.shape[2], vocab, logits.stride(0), num_chunks,
+            SHIFT=shift, CHUNK=CHUNK, KEYS=KEYS, num_warps=COLLECT_WARPS,
+        )  # fmt: skip
     resolve = (CAPACITY, shift, RESOLVE_TILE, PIVOTS)
     resolve_rows(params, bounds, span, count, values, sums, (hist, hist.shape[2]), cut, done, vocab, num_chunks,
                  *resolve)  # fmt: skip
