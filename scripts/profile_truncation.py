@@ -3,7 +3,7 @@ of bench_truncation.py's parameter sets (B = 256, V = 152k, bf16, T = 0.7 and 1.
 each kernel's mean device time (torch.profiler) and the rows left to kernel.py's
 per-row search; then the cut's CUDA-graph time over a sweep of op.py's launch
 constants given as NAME=v1,v2 arguments (each value alone, the others at their
-defaults). A tool for choosing those constants; the benches' tables are the record.
+defaults), with the rows whose cut differs from the exact reference where any do. A tool for choosing those constants; the benches' tables are the record.
 
     python3 scripts/profile_truncation.py
     python3 scripts/profile_truncation.py MAXIMA_GROUP=1,2,4,8 KEYS=2,64
@@ -21,6 +21,7 @@ from tables import time_us  # noqa: E402
 
 import specdraft.ops.sampling.truncation.op as launch  # noqa: E402
 from specdraft.ops import truncation_cut  # noqa: E402
+from specdraft.ops.sampling.truncation import truncation_cut_reference  # noqa: E402
 
 BATCH, VOCAB, CALLS = 256, 152_064, 20
 
@@ -62,7 +63,9 @@ def sweep(settings: list[str]) -> None:
             for temperature in TEMPERATURES:
                 for name, top_k, top_p, min_p in PARAMS:
                     args = make_inputs(BATCH, VOCAB, temperature, top_k, top_p, min_p, "cuda")
-                    cells.append(f"T{temperature} {name}: {time_us(lambda a=args: truncation_cut(*a), 'cuda'):.1f}")
+                    us = time_us(lambda a=args: truncation_cut(*a), "cuda")
+                    differ = int((truncation_cut(*args) != truncation_cut_reference(*args)).sum())
+                    cells.append(f"T{temperature} {name}: {us:.1f}" + (f" ({differ} rows differ)" if differ else ""))
             print(f"{attr} = {value}: " + "; ".join(cells))
         setattr(launch, attr, default)
 

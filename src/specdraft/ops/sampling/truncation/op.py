@@ -25,7 +25,7 @@ if TRITON_INTERPRET:
     # paths run on the same examples.
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
-    MAXIMA_CHUNK, MAXIMA_GROUP, KEYS, KEYED_FROM, COLLECT_WARPS = 8, 2, 8, 4, 4
+    MAXIMA_CHUNK, MAXIMA_GROUP, KEYS, KEYED_FROM, COLLECT_WARPS, COUNT_WARPS = 8, 2, 8, 4, 4, 4
 else:
     CHUNK = 4096  # tokens a program of split.py's two reads takes
     MAXIMA_CHUNK = 1024  # maxima.py's chunk: top-k up to V / 1,024 goes there
@@ -35,7 +35,8 @@ else:
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
     KEYS = 64  # keys (- 1) a bf16 / fp16 row's range may count tokens of instead (<= CAPACITY)
     KEYED_FROM = 1024  # tokens in a row's range from which it counts per key, not copies
-    COLLECT_WARPS = 4  # split.py's copy / count pass (4: 436, 8: 500 us, top-p 0.9 alone)
+    COLLECT_WARPS = 4  # split.py's copy pass
+    COUNT_WARPS = 4  # split.py's per-key count pass
     RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
     BINS = 64  # buckets per search pass: the key interval shrinks 64x a pass (256: no faster on an H200)
@@ -87,7 +88,7 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     if shift > 0:  # fp32 rows are never counted per key (bracket_kernel)
         wrap_triton(count_kernel)[(num_rows, num_chunks)](
             logits, temperature, top_p, bounds, span, sums, hist, hist.shape[2], vocab, logits.stride(0), num_chunks,
-            SHIFT=shift, CHUNK=CHUNK, KEYS=KEYS, num_warps=COLLECT_WARPS,
+            SHIFT=shift, CHUNK=CHUNK, KEYS=KEYS, num_warps=COUNT_WARPS,
         )  # fmt: skip
     resolve = (CAPACITY, shift, RESOLVE_TILE, PIVOTS)
     resolve_rows(params, bounds, span, count, values, sums, (hist, hist.shape[2]), cut, done, vocab, num_chunks,
