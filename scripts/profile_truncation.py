@@ -71,5 +71,10 @@ def sweep(settings: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    profile()
-    sweep(sys.argv[1:])
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(__doc__)
+    elif not torch.cuda.is_available():
+        print("profile_truncation.py needs a CUDA device")
+    else:
+        profile()
+        sweep(sys.argv[1:])
