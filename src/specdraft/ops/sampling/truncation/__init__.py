@@ -39,12 +39,13 @@ The samplers take the cut as their optional `logit_cut` (draft_sample one per ro
 rejection_sample one per target row [B, K + 1], tree_verify one per node [B, N]).
 
 Files: split.py (the CUDA path: two reads of the logits split over the GPU, then
-exact work on the values that decide; rows it leaves undone, and min-p rows, go
-to kernel.py), maxima.py (the CUDA path of top-k rows with k <= V / 1,024: the
-chunks' maxima bound the k-th logit, and the few values above the bound decide),
-kernel.py (the per-row search without a sort: its passes),
-reference.py (the sort-based torch reference, the CPU path), op.py (the registered
-op, its public wrapper and checked mode's value checker).
+exact work on the values that decide, copied or, for bf16 / fp16, counted per key;
+rows it leaves undone, and the min-p rows maxima.py does not take, go to kernel.py), maxima.py
+(the CUDA path of top-k rows with k <= V / 1,024, whose chunks' maxima bound the
+k-th logit, and of min-p alone), resolve.py (both paths' last step: the exact cut
+from what they collected), kernel.py (the per-row search without a sort: its
+passes), reference.py (the sort-based torch reference, the CPU path), op.py (the
+registered op, its public wrapper and checked mode's value checker).
 """
 
 from .op import check_truncation_cut_values, truncation_cut

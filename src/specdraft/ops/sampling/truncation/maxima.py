@@ -19,10 +19,10 @@ smallest of each part's smallest. So:
 3. `gather_kernel` [R, S / GROUP]: top-k rows: each program counts its candidates
    below the level and copies those at or above it (a few a row, each placed by an
    atomic add); min-p rows: each program copies its smallest candidate, one value;
-4. split.py's `resolve_kernel`, unchanged: with nothing above the copied range, the
-   k-th largest copied value is top-k's cut, and top-p's mass is over the copied
-   values at or above it, which is all top-p weighs once top-k is on; with nothing
-   below it (min-p), the smallest copied value is the cut.
+4. resolve.py's `resolve_kernel`, as split.py's rows take it: with nothing above
+   the copied range, the k-th largest copied value is top-k's cut, and top-p's mass
+   is over the copied values at or above it, which is all top-p weighs once top-k is
+   on; with nothing below it (min-p), the smallest copied value is the cut.
 
 Rows whose copy overflows CAPACITY (a row of ties, a flat row) stay undone and go to
 kernel.py's per-row search, like split.py's leftovers; so the cut is exact whatever
@@ -82,7 +82,7 @@ def level_kernel(
 ):  # fmt: skip
     """Step 2, for this path's rows (the others keep what split.py's bracket_kernel
     wrote): bounds[row] = (max, min-p threshold, the level); span[row, 2] = go (1:
-    gather and resolve; 0: done, or left to kernel.py's search). split.py's resolve
+    gather and resolve; 0: done, or left to kernel.py's search). resolve.py's kernel
     reads span[row, 2] only, and the sums and copies gather_kernel writes."""
     row = tl.program_id(0).to(tl.int64)
     temp, top_k, _, min_p, min_p_on, taken = by_maxima(

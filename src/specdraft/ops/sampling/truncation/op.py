@@ -13,7 +13,8 @@ from ...backend import NAMESPACE, TRITON_INTERPRET, cdiv, power_of_two_tile, use
 from .kernel import truncation_cut_kernel
 from .maxima import gather_kernel, level_kernel, maxima_kernel
 from .reference import truncation_cut_reference
-from .split import bracket_kernel, collect_kernel, count_kernel, resolve_kernel, window_kernel
+from .resolve import resolve_kernel
+from .split import bracket_kernel, collect_kernel, count_kernel, window_kernel
 
 # The low bits of an fp32 value that each logits dtype leaves zero (kernel.py's keys).
 KEY_SHIFT = {torch.float32: 0, torch.float16: 13, torch.bfloat16: 16}
@@ -99,7 +100,7 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
 
 def resolve_rows(params, bounds, span, count, values, sums, keyed, cut, done, vocab, num_chunks,
                  capacity, shift, tile, pivots) -> None:  # fmt: skip
-    """split.py's resolve_kernel over the rows whose span says go; keyed: (the keyed
+    """resolve.py's resolve_kernel over the rows whose span says go; keyed: (the keyed
     collect's counts, their stride a chunk)."""
     wrap_triton(resolve_kernel)[(cut.shape[0],)](
         *params, bounds, span, count, values, sums, *keyed, cut, done, vocab, num_chunks,
@@ -110,7 +111,7 @@ def resolve_rows(params, bounds, span, count, values, sums, keyed, cut, done, vo
 
 def maxima_rows(logits, params, rows, cut, done, num_chunks, capacity, shift, tile, pivots) -> None:
     """maxima.py's path for its rows (top-k on with k <= num_chunks, or min-p alone),
-    after split.py's resolve: its own maxima and sums, split_cut's row buffers (`rows`:
+    after split.py's rows are resolved: its own maxima and sums, split_cut's row buffers (`rows`:
     bounds, span, count, values; level_kernel sets every row's go, so split.py's rows
     are not resolved twice), then resolve_kernel."""
     num_rows, vocab = logits.shape
@@ -183,9 +184,11 @@ def truncation_cut(
     (keep every token: greedy rows, rows with every parameter off, rows with no
     logit above -inf).
 
-    No host sync. On CUDA split.py's four kernels (two reads of the logits over
-    the whole GPU), then kernel.py's per-row search for the rows they leave undone
-    and for min-p rows; no sort.
+    No host sync. On CUDA split.py's and maxima.py's kernels (two reads of the
+    logits each, over the whole GPU, for the rows each takes), then kernel.py's
+    per-row search for the rows they leave undone and the min-p rows maxima.py
+    does not take (top-p beside it, top-k off); no sort (the package docstring
+    names the files).
 
     Args:
         logits: [R, V] fp32 / bf16 / fp16; rows contiguous, any row stride.
