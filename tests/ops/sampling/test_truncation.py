@@ -9,6 +9,7 @@ Top-p decisions within 1e-4 (relative) of their boundary are left out of the exa
 comparisons: float rounding (fp32 there, fp64 in the oracle) may decide them either
 way. Everything else, ties included, is compared exactly."""
 
+import importlib.util
 import math
 
 import pytest
@@ -337,6 +338,32 @@ def test_fake_shapes():
         args = {k: mode.from_tensor(v) for k, v in good_inputs().items()}
         cut = torch.ops.specdraft.truncation_cut(*args.values())
     assert cut.shape == (3,) and cut.dtype == torch.float32
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="records the Triton branch: needs triton")
+def test_cuda_scratch_memory_per_row():
+    """The CUDA branch's scratch at V = 152k, recorded on the CPU (launches recorded,
+    not made): at most 32 KB a row (28.7 KB at 3bfe19d). Two [R, 4096] fp32 copy
+    buffers, one per path (38320b3 to 99822b1), made it 44.2 KB, and the 10^6-trial
+    lossless tests ran out of an H200's memory at 300k rows with 12 workers."""
+    from fixtures.gpu_lowering import ops_modules, recorded_launches
+
+    rows, vocab = 8, 152_064
+    logits = torch.zeros(rows, vocab, dtype=torch.bfloat16)
+    params = (torch.ones(rows), torch.zeros(rows, dtype=torch.int32), torch.full((rows,), 0.9), torch.zeros(rows))
+    allocated = []
+    real_empty = torch.empty
+
+    def counted_empty(*args, **kwargs):
+        tensor = real_empty(*args, **kwargs)
+        allocated.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with recorded_launches(*ops_modules()) as launches, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "empty", counted_empty)
+        truncation_cut(logits, *params)
+    assert launches, "the CUDA branch launched nothing"
+    assert sum(allocated) / rows <= 32 * 1024, sum(allocated) / rows
 
 
 def test_empty_batch(device):
