@@ -10,6 +10,9 @@
 #                                            # bench_truncation.py --no-baselines on an older tree's package
 #                                            # (DIR holds its specdraft/, e.g. `git archive SHA src/specdraft`
 #                                            # without assets), then on this one: ratios side by side in one call
+#   OLD_SRC=DIR SWEEP="COLLECT_WARPS=8 KEYED_FROM=256,512" bash scripts/gpu_truncation.sh profile
+#                                            # scripts/profile_truncation.py: each kernel's time on an older
+#                                            # tree's package (OLD_SRC, optional), then on this one with SWEEP
 #   bash scripts/gpu_truncation.sh sanitize  # compute-sanitizer memcheck over the three kernels that take a cut
 #   bash scripts/gpu_truncation.sh all       # the three in turn (about 9 minutes on one H200)
 DEFAULT_OUT=/tmp/gpu_truncation
@@ -45,6 +48,15 @@ side() {
     timeout 200 python3 benchmarks/bench_truncation.py --no-baselines > "$OUT/bench_truncation.log" 2>&1
     echo "bench_truncation: exit $?"; grep "^|" "$OUT/bench_truncation.log"
 }
+profile() {
+    if [ -n "${OLD_SRC:-}" ]; then
+        PYTHONPATH="$OLD_SRC" timeout 120 python3 scripts/profile_truncation.py > "$OUT/profile_old.log" 2>&1
+        echo "profile of $OLD_SRC: exit $?"; grep "^T = " "$OUT/profile_old.log"
+    fi
+    # shellcheck disable=SC2086  # SWEEP is a list of NAME=v1,v2 words
+    timeout 300 python3 scripts/profile_truncation.py ${SWEEP:-} > "$OUT/profile.log" 2>&1
+    echo "profile: exit $?"; grep -E "^T = |=" "$OUT/profile.log" | grep -v -i warn
+}
 sanitize() {
     # Small odd sizes (rows and vocabulary not multiples of any tile), every rule mixed in one batch.
     cat > "$OUT/sanitize_truncation.py" <<'PY'
@@ -78,6 +90,7 @@ case "$stage" in
 tests) tests ;;
 bench) bench ;;
 side) side ;;
+profile) profile ;;
 sanitize) sanitize ;;
 all) tests; bench; sanitize ;;
 *) echo "unknown stage $stage"; exit 2 ;;
