@@ -58,12 +58,8 @@ lint: $(STAMP)
 wheel-smoke:
 	PYTHON="$(PYTHON)" TORCH_SPEC="$(TORCH_SPEC)" SMOKE_VENV="$(SMOKE_VENV)" bash .ci/wheel_smoke.sh
 
-# Inductor compiles in the test process (TORCHINDUCTOR_COMPILE_THREADS=1), not in a pool
-# of compile workers (2 a process on 2 cores): the two xdist workers already fill the
-# cores. The four heaviest compile files, cold, two workers, A/B in both orders on the
-# 2-core machine: 304 and 323 s against 322 and 341 s with the pool.
 test-cpu: $(STAMP)
-	TORCHINDUCTOR_COMPILE_THREADS=1 $(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" tests
+	$(PY) -m pytest $(PYTEST_FLAGS) $(XDIST) -m "not interpreter" tests
 
 # TRITON_INTERPRET must be set before any kernel is defined, hence its own run.
 test-interpreter: $(STAMP)
