@@ -64,13 +64,11 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     # The window's counts; then, dead after bracket_kernel, the keyed collect's counts.
     hist = torch.empty((num_rows, num_chunks, max(WINDOW_BINS, KEYS)), dtype=torch.int32, device=device)
     # A row takes one path (split.py's or maxima.py's), so the two share these.
-    rows = {
-        "bounds": torch.empty((num_rows, 3), dtype=torch.float32, device=device),
-        "span": torch.empty((num_rows, 3), dtype=torch.int32, device=device),
-        "count": torch.empty((num_rows,), dtype=torch.int32, device=device),
-        "values": torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device),
-    }
-    bounds, span, count, values = rows.values()
+    bounds = torch.empty((num_rows, 3), dtype=torch.float32, device=device)
+    span = torch.empty((num_rows, 3), dtype=torch.int32, device=device)
+    count = torch.empty((num_rows,), dtype=torch.int32, device=device)
+    values = torch.empty((num_rows, CAPACITY), dtype=torch.float32, device=device)
+    rows = (bounds, span, count, values)
     sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
     shift = KEY_SHIFT[logits.dtype]
     params = (temperature, top_k, top_p, min_p)
@@ -119,7 +117,7 @@ def maxima_rows(logits, params, rows, cut, done, num_chunks, capacity, shift, ti
     maxima = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
     num_parts = cdiv(num_chunks, MAXIMA_GROUP)
     sums = torch.empty((num_rows, num_parts, 4), dtype=torch.float32, device=device)
-    bounds, span, count, values = rows["bounds"], rows["span"], rows["count"], rows["values"]
+    bounds, span, count, values = rows
     wrap_triton(maxima_kernel)[(num_rows, num_parts)](
         logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, GROUP=MAXIMA_GROUP,
         num_warps=4,

@@ -58,7 +58,7 @@ bin and the two passes agree on every token's bin.
 """
 
 from ...backend import tl, triton
-from .kernel import candidate_weights, clean, load_clean, min_p_threshold, order_key, row_rules
+from .kernel import candidate_weights, clean, is_candidate, load_clean, min_p_threshold, order_key, row_rules
 from .maxima import on_maxima_path
 
 
@@ -263,7 +263,7 @@ def bracket_kernel(
 
 
 @triton.jit
-def range_sums(out, x, candidate, above, below, top_p_on, thr, top, temp):
+def range_sums(out, x, above, below, top_p_on, thr, top, temp):
     """sums[row, chunk] at `out` = (count above, mass above, count below, mass below)
     of the chunk's candidates, counts as fp32 of exact small integers (<= CHUNK),
     masses only where top-p is on (the resolve reads them only then: an exp a token)."""
@@ -273,6 +273,16 @@ def range_sums(out, x, candidate, above, below, top_p_on, thr, top, temp):
         w = candidate_weights(x, thr, top, temp)
         tl.store(out + 1, tl.sum(tl.where(above, w, 0.0), 0))
         tl.store(out + 3, tl.sum(tl.where(below, w, 0.0), 0))
+
+
+@triton.jit
+def range_masks(x, thr, position, range_lo, range_hi):
+    """(above, below, inside): a chunk's candidates against the range [range_lo,
+    range_hi] of their positions (bins for the copy, keys for the count)."""
+    candidate = is_candidate(x, thr)
+    above = candidate & (position > range_hi)
+    below = candidate & (position < range_lo)
+    return above, below, candidate & ~above & ~below
 
 
 @triton.jit
@@ -299,13 +309,9 @@ def collect_kernel(
         # (from the atomic, whose mask comes from x) would make the logits "written"
         # and Inductor would clone them (wrong results on CUDA, torch 2.11).
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
-        candidate = (x >= thr) & (x > float("-inf"))
-        where = bin_of(x, inv_width)
-        above = candidate & (where > range_hi)
-        below = candidate & (where < range_lo)
-        inside = candidate & ~above & ~below
+        above, below, inside = range_masks(x, thr, bin_of(x, inv_width), range_lo, range_hi)
         top_p_on = tl.load(top_p_ptr + row) < 1.0
-        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, candidate, above, below, top_p_on, thr, top, temp)
+        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
         if tl.max(inside.to(tl.int32), 0) > 0:
             # One atomic add a copied token takes its place (a scan of the chunk's
             # mask for places cost 3x the rest of this kernel on an H200).
@@ -336,13 +342,10 @@ def count_kernel(
         temp = tl.load(temperature_ptr + row)
         idx = chunk * CHUNK + tl.arange(0, CHUNK)
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
-        candidate = (x >= thr) & (x > float("-inf"))
         key = order_key(x, SHIFT)
-        above = candidate & (key > range_hi)
-        below = candidate & (key < range_lo)
-        inside = candidate & ~above & ~below
+        above, below, inside = range_masks(x, thr, key, range_lo, range_hi)
         top_p_on = tl.load(top_p_ptr + row) < 1.0
-        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, candidate, above, below, top_p_on, thr, top, temp)
+        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
         # Unmasked, as the window's histogram (with mask=inside this pass took 372 us
         # at B = 256, V = 152k on an H200, the window's 96).
         counts = tl.histogram(tl.where(inside, key - range_lo, KEYS - 1), KEYS)
