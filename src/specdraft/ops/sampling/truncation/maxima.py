@@ -16,7 +16,7 @@ smallest of each part's smallest. So:
    [S, S] comparison, no sort). Where fewer than k candidates (tokens >= thr) exist,
    L < thr (k maxima >= L would be k candidates), so the level is thr and every
    candidate is copied;
-3. `gather_kernel` [R, S / GROUP]: top-k rows: each program counts its candidates
+3. `gather_kernel` [R, V / PART]: top-k rows: each program counts its candidates
    below the level and copies those at or above it (a few a row, each placed by an
    atomic add); min-p rows: each program copies its smallest candidate, one value;
 4. resolve.py's `resolve_kernel`, as split.py's rows take it: with nothing above
@@ -34,7 +34,7 @@ truncation"); kernel.py's two passes for min-p alone, 142 us.
 """
 
 from ...backend import tl, triton
-from .kernel import clean, load_clean, min_p_threshold, row_rules
+from .kernel import clean, is_candidate, load_clean, min_p_threshold, row_rules
 
 
 @triton.jit
@@ -123,16 +123,17 @@ def gather_kernel(
     and without top-k."""
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    _, _, top_k_on, _, _, taken = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab,
-                                            maxima_chunks)  # fmt: skip
-    if taken & (tl.load(span_ptr + row * 3 + 2) != 0):
+    _, _, top_k_on, _, _, _ = by_maxima(temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks)
+    # level_kernel set every row's go, 0 off this path: read beside the switches, not
+    # after them (a program here is a few dependent loads; each one costs its latency).
+    if tl.load(span_ptr + row * 3 + 2) != 0:
         thr = tl.load(bounds_ptr + row * 3 + 1)
         level = tl.load(bounds_ptr + row * 3 + 2)
         idx = part * PART + tl.arange(0, PART)
         # Loaded here, not through load_clean: split.py's collect_kernel says why (a
         # store whose address comes from a helper's result marks the logits written).
         x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
-        candidate = (x >= thr) & (x > float("-inf"))
+        candidate = is_candidate(x, thr)
         out = sums_ptr + (row * num_parts + part) * 4
         tl.store(out, 0.0)
         tl.store(out + 1, 0.0)

@@ -27,16 +27,24 @@ if TRITON_INTERPRET:
     BLOCK, BINS, MASS_BLOCK, PIVOTS, NUM_WARPS = 16, 4, 16, 4, 4
     CHUNK, WINDOW_BINS, CAPACITY, RESOLVE_TILE, WINDOW_WARPS = 16, 8, 8, 4, 4
     MAXIMA_CHUNK, MAXIMA_GROUP, KEYS, KEYED_FROM, COLLECT_WARPS, COUNT_WARPS = 8, 2, 8, 4, 4, 4
+    WINDOW_GROUP, COLLECT_GROUP, COUNT_GROUP, GATHER_PART, GATHER_WARPS = 2, 2, 2, 16, 4
 else:
-    CHUNK = 4096  # tokens a program of split.py's two reads takes
+    CHUNK = 4096  # tokens a chunk of split.py's reads
+    # Chunks a program of split.py's reads takes: a row off that path still launches
+    # its programs, which only read the row's switches (B = 256, V = 152k, bf16, H200:
+    # window 1 -> 8 took a top-k 50 cut 150 -> 144 us; the copy and count passes at 4
+    # did top-k rows 8 us better but top-p rows 100 and 20 us worse, so they stay at 1).
+    WINDOW_GROUP, COLLECT_GROUP, COUNT_GROUP = 8, 1, 1
     MAXIMA_CHUNK = 1024  # maxima.py's chunk: top-k up to V / 1,024 goes there
-    MAXIMA_GROUP = 2  # chunks a program of maxima.py's two reads takes (1: 178, 2: 159, 8: 212 us, top-k 50)
+    MAXIMA_GROUP = 2  # chunks a program of maxima.py's max pass takes (1: 178, 2: 159, 8: 212 us a cut, top-k 50)
+    GATHER_PART = 2048  # tokens a program of maxima.py's gather pass takes (4096: top-k 50 149 -> 185 us)
+    GATHER_WARPS = 4  # (8: 153 us, 16: 175)
     WINDOW_BINS = 64  # split.py's bins below the max (63 counted, 1 for the rest)
     WINDOW_WARPS = 4  # its histogram pass: 93 us at 4 warps, 117 at 8 (B = 256, V = 152k, H200)
     CAPACITY = 4096  # values a row's range may copy out (more: kernel.py's search)
     KEYS = 64  # keys (- 1) a bf16 / fp16 row's range may count tokens of instead (<= CAPACITY)
     KEYED_FROM = 1024  # tokens in a row's range from which it counts per key, not copies
-    COLLECT_WARPS = 4  # split.py's copy pass
+    COLLECT_WARPS = 16  # split.py's copy pass (top-p 0.9, T = 0.7, H200: 4 warps 503 us a cut, 8 389, 16 378)
     COUNT_WARPS = 4  # split.py's per-key count pass
     RESOLVE_TILE = 256  # copied values a tile of the resolve's passes
     BLOCK = 4096  # tokens per tile of the max, count and last passes (kernel.py: latency)
@@ -72,22 +80,22 @@ def split_cut(logits, temperature, top_k, top_p, min_p) -> tuple[torch.Tensor, t
     sums = torch.empty((num_rows, num_chunks, 4), dtype=torch.float32, device=device)
     shift = KEY_SHIFT[logits.dtype]
     params = (temperature, top_k, top_p, min_p)
-    wrap_triton(window_kernel)[(num_rows, num_chunks)](
+    wrap_triton(window_kernel)[(num_rows, cdiv(num_chunks, WINDOW_GROUP))](
         logits, *params, chunk_max, hist, vocab, logits.stride(0), num_chunks, maxima_chunks, hist.shape[2],
-        CHUNK=CHUNK, NB=WINDOW_BINS, num_warps=WINDOW_WARPS,
+        CHUNK=CHUNK, GROUP=WINDOW_GROUP, NB=WINDOW_BINS, num_warps=WINDOW_WARPS,
     )  # fmt: skip
     wrap_triton(bracket_kernel)[(num_rows,)](
         *params, chunk_max, hist, hist.shape[2], bounds, span, count, cut, done, vocab, num_chunks, maxima_chunks,
         KEYED_FROM, NB=WINDOW_BINS, CHUNKS=chunks, CAPACITY=CAPACITY, SHIFT=shift, KEYS=KEYS, num_warps=4,
     )  # fmt: skip
-    wrap_triton(collect_kernel)[(num_rows, num_chunks)](
+    wrap_triton(collect_kernel)[(num_rows, cdiv(num_chunks, COLLECT_GROUP))](
         logits, temperature, top_p, bounds, span, count, values, sums, vocab, logits.stride(0), num_chunks,
-        CHUNK=CHUNK, CAPACITY=CAPACITY, num_warps=COLLECT_WARPS,
+        CHUNK=CHUNK, GROUP=COLLECT_GROUP, CAPACITY=CAPACITY, num_warps=COLLECT_WARPS,
     )  # fmt: skip
     if shift > 0:  # fp32 rows are never counted per key (bracket_kernel)
-        wrap_triton(count_kernel)[(num_rows, num_chunks)](
+        wrap_triton(count_kernel)[(num_rows, cdiv(num_chunks, COUNT_GROUP))](
             logits, temperature, top_p, bounds, span, sums, hist, hist.shape[2], vocab, logits.stride(0), num_chunks,
-            SHIFT=shift, CHUNK=CHUNK, KEYS=KEYS, num_warps=COUNT_WARPS,
+            SHIFT=shift, CHUNK=CHUNK, GROUP=COUNT_GROUP, KEYS=KEYS, num_warps=COUNT_WARPS,
         )  # fmt: skip
     resolve = (CAPACITY, shift, RESOLVE_TILE, PIVOTS)
     resolve_rows(params, bounds, span, count, values, sums, (hist, hist.shape[2]), cut, done, vocab, num_chunks,
@@ -115,10 +123,10 @@ def maxima_rows(logits, params, rows, cut, done, num_chunks, capacity, shift, ti
     num_rows, vocab = logits.shape
     device = logits.device
     maxima = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=device)
-    num_parts = cdiv(num_chunks, MAXIMA_GROUP)
+    num_parts = cdiv(vocab, GATHER_PART)
     sums = torch.empty((num_rows, num_parts, 4), dtype=torch.float32, device=device)
     bounds, span, count, values = rows
-    wrap_triton(maxima_kernel)[(num_rows, num_parts)](
+    wrap_triton(maxima_kernel)[(num_rows, cdiv(num_chunks, MAXIMA_GROUP))](
         logits, *params, maxima, vocab, logits.stride(0), num_chunks, CHUNK=MAXIMA_CHUNK, GROUP=MAXIMA_GROUP,
         num_warps=4,
     )  # fmt: skip
@@ -128,7 +136,7 @@ def maxima_rows(logits, params, rows, cut, done, num_chunks, capacity, shift, ti
     )  # fmt: skip
     wrap_triton(gather_kernel)[(num_rows, num_parts)](
         logits, *params, bounds, span, count, values, sums, vocab, logits.stride(0), num_parts, num_chunks,
-        PART=MAXIMA_CHUNK * MAXIMA_GROUP, CAPACITY=capacity, num_warps=8,
+        PART=GATHER_PART, CAPACITY=capacity, num_warps=GATHER_WARPS,
     )  # fmt: skip
     no_keyed = (torch.empty((0,), dtype=torch.int32, device=device), 0)  # go is never 2 here
     resolve_rows(params, bounds, span, count, values, sums, no_keyed, cut, done, vocab, num_parts, capacity, shift,

@@ -105,24 +105,27 @@ def bin_of(x, inv_width):
 def window_kernel(
     logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, chunk_max_ptr, hist_ptr,
     vocab, row_stride, num_chunks, maxima_chunks, hist_stride,
-    CHUNK: tl.constexpr, NB: tl.constexpr,
+    CHUNK: tl.constexpr, GROUP: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
-    """Step 1: the chunk's max and its tokens' bins counted from its top bin."""
+    """Step 1, for each of the program's GROUP chunks: the chunk's max and its tokens'
+    bins counted from its top bin."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
     temp, _, top_p, min_p, top_k_on, top_p_on, min_p_on, _, split = row_switches(
         temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab, maxima_chunks
     )
     if split:
-        idx = chunk * CHUNK + tl.arange(0, CHUNK)
-        x = load_clean(logits_ptr + row * row_stride, idx, vocab)
-        top = tl.max(x, 0)
-        tl.store(chunk_max_ptr + row * num_chunks + chunk, top)
         inv_width = bins_per_logit(temp, top_p, top_p_on, min_p, min_p_on, top_k_on, vocab, NB)
-        depth = bin_of(top, inv_width) - bin_of(x, inv_width)
-        depth = tl.where(x > float("-inf"), tl.minimum(depth, NB - 1), NB - 1)
-        counts = tl.histogram(depth, NB)
-        tl.store(hist_ptr + (row * num_chunks + chunk) * hist_stride + tl.arange(0, NB), counts)
+        for step in range(GROUP):
+            chunk = tl.program_id(1) * GROUP + step
+            if chunk < num_chunks:
+                idx = chunk * CHUNK + tl.arange(0, CHUNK)
+                x = load_clean(logits_ptr + row * row_stride, idx, vocab)
+                top = tl.max(x, 0)
+                tl.store(chunk_max_ptr + row * num_chunks + chunk, top)
+                depth = bin_of(top, inv_width) - bin_of(x, inv_width)
+                depth = tl.where(x > float("-inf"), tl.minimum(depth, NB - 1), NB - 1)
+                counts = tl.histogram(depth, NB)
+                tl.store(hist_ptr + (row * num_chunks + chunk) * hist_stride + tl.arange(0, NB), counts)
 
 
 @triton.jit
@@ -289,12 +292,12 @@ def range_masks(x, thr, position, range_lo, range_hi):
 def collect_kernel(
     logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, count_ptr, values_ptr, sums_ptr,
     vocab, row_stride, num_chunks,
-    CHUNK: tl.constexpr, CAPACITY: tl.constexpr,
+    CHUNK: tl.constexpr, GROUP: tl.constexpr, CAPACITY: tl.constexpr,
 ):  # fmt: skip
-    """Step 3, rows whose span says copy (go = 1): the chunk's candidates above and
-    below the range (range_sums), and its candidates inside the range copied out."""
+    """Step 3, rows whose span says copy (go = 1), for each of the program's GROUP
+    chunks: the chunk's candidates above and below the range (range_sums), and its
+    candidates inside the range copied out."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
     if tl.load(span_ptr + row * 3 + 2) == 1:
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
@@ -302,51 +305,61 @@ def collect_kernel(
         range_lo = tl.load(span_ptr + row * 3)
         range_hi = tl.load(span_ptr + row * 3 + 1)
         temp = tl.load(temperature_ptr + row)
-        idx = chunk * CHUNK + tl.arange(0, CHUNK)
-        # Loaded here, not through load_clean: torch.compile's analysis of a launch
-        # counts every pointer a store's address was computed from as written, and it
-        # follows a helper's result back to all its arguments, so the copy's address
-        # (from the atomic, whose mask comes from x) would make the logits "written"
-        # and Inductor would clone them (wrong results on CUDA, torch 2.11).
-        x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
-        above, below, inside = range_masks(x, thr, bin_of(x, inv_width), range_lo, range_hi)
         top_p_on = tl.load(top_p_ptr + row) < 1.0
-        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
-        if tl.max(inside.to(tl.int32), 0) > 0:
-            # One atomic add a copied token takes its place (a scan of the chunk's
-            # mask for places cost 3x the rest of this kernel on an H200).
-            counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
-            place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
-            tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
+        for step in range(GROUP):
+            chunk = tl.program_id(1) * GROUP + step
+            if chunk < num_chunks:
+                idx = chunk * CHUNK + tl.arange(0, CHUNK)
+                # Loaded here, not through load_clean: torch.compile's analysis of a
+                # launch counts every pointer a store's address was computed from as
+                # written, and it follows a helper's result back to all its arguments,
+                # so the copy's address (from the atomic, whose mask comes from x) would
+                # make the logits "written" and Inductor would clone them (wrong results
+                # on CUDA, torch 2.11).
+                x = tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf"))
+                x = clean(x.to(tl.float32))
+                above, below, inside = range_masks(x, thr, bin_of(x, inv_width), range_lo, range_hi)
+                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
+                if tl.max(inside.to(tl.int32), 0) > 0:
+                    # One atomic add a copied token takes its place (a scan of the
+                    # chunk's mask for places cost 3x the rest of this kernel on an H200).
+                    counter = count_ptr + row + tl.zeros([CHUNK], tl.int32)
+                    place = tl.atomic_add(counter, tl.full([CHUNK], 1, tl.int32), mask=inside)
+                    tl.store(values_ptr + row * CAPACITY + place, x, mask=inside & (place < CAPACITY))
 
 
 @triton.jit
 def count_kernel(
     logits_ptr, temperature_ptr, top_p_ptr, bounds_ptr, span_ptr, sums_ptr, keyed_ptr, keyed_stride,
-    vocab, row_stride, num_chunks, SHIFT: tl.constexpr, CHUNK: tl.constexpr, KEYS: tl.constexpr,
+    vocab, row_stride, num_chunks,
+    SHIFT: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
-    """Step 3, rows whose span says count (go = 2; the range is KEYS - 1 order keys):
-    the chunk's candidates above and below the range (range_sums), and those inside
-    counted per key: keyed[row * num_chunks + chunk, j] = the chunk's tokens of key
-    range_lo + j, keyed_stride apart a chunk (the last slot counts the others). A
-    kernel of its own, not a branch of collect_kernel: with the histogram in it, the
-    copy pass alone took 364 us (top-p 0.9, T = 0.7, B = 256, V = 152k, H200), where
-    the whole cut had taken 361 us without it."""
+    """Step 3, rows whose span says count (go = 2; the range is KEYS - 1 order keys),
+    for each of the program's GROUP chunks: the chunk's candidates above and below the
+    range (range_sums), and those inside counted per key: keyed[row * num_chunks +
+    chunk, j] = the chunk's tokens of key range_lo + j, keyed_stride apart a chunk
+    (the last slot counts the others). A kernel of its own, not a branch of
+    collect_kernel: with the histogram in it, the copy pass alone took 364 us (top-p
+    0.9, T = 0.7, B = 256, V = 152k, H200), where the whole cut had taken 361 us
+    without it."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
     if tl.load(span_ptr + row * 3 + 2) == 2:
         top = tl.load(bounds_ptr + row * 3)
         thr = tl.load(bounds_ptr + row * 3 + 1)
         range_lo = tl.load(span_ptr + row * 3)
         range_hi = tl.load(span_ptr + row * 3 + 1)
         temp = tl.load(temperature_ptr + row)
-        idx = chunk * CHUNK + tl.arange(0, CHUNK)
-        x = clean(tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32))
-        key = order_key(x, SHIFT)
-        above, below, inside = range_masks(x, thr, key, range_lo, range_hi)
         top_p_on = tl.load(top_p_ptr + row) < 1.0
-        range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
-        # Unmasked, as the window's histogram (with mask=inside this pass took 372 us
-        # at B = 256, V = 152k on an H200, the window's 96).
-        counts = tl.histogram(tl.where(inside, key - range_lo, KEYS - 1), KEYS)
-        tl.store(keyed_ptr + (row * num_chunks + chunk) * keyed_stride + tl.arange(0, KEYS), counts)
+        for step in range(GROUP):
+            chunk = tl.program_id(1) * GROUP + step
+            if chunk < num_chunks:
+                idx = chunk * CHUNK + tl.arange(0, CHUNK)
+                x = tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf"))
+                x = clean(x.to(tl.float32))
+                key = order_key(x, SHIFT)
+                above, below, inside = range_masks(x, thr, key, range_lo, range_hi)
+                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
+                # Unmasked, as the window's histogram (with mask=inside this pass took
+                # 372 us at B = 256, V = 152k on an H200, the window's 96).
+                counts = tl.histogram(tl.where(inside, key - range_lo, KEYS - 1), KEYS)
+                tl.store(keyed_ptr + (row * num_chunks + chunk) * keyed_stride + tl.arange(0, KEYS), counts)
