@@ -9,7 +9,10 @@
 #   OLD_SRC=DIR OLD_COMMIT=SHA bash scripts/gpu_truncation.sh side
 #                                            # bench_truncation.py --no-baselines on an older tree's package
 #                                            # (DIR holds its specdraft/, e.g. `git archive SHA src/specdraft`
-#                                            # without assets), then on this one: ratios side by side in one call
+#                                            # without assets), then on this one: ratios side by side in one call.
+#                                            # DIR must travel to the device: untracked and not ignored, or named
+#                                            # in the device call's carry (an ignored DIR left behind benches this
+#                                            # tree twice, silently)
 #   OLD_SRC=DIR SWEEP="COLLECT_WARPS=8 KEYED_FROM=256,512" bash scripts/gpu_truncation.sh profile
 #                                            # scripts/profile_truncation.py: each kernel's time on an older
 #                                            # tree's package (OLD_SRC, optional), then on this one with SWEEP
