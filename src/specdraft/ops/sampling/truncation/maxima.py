@@ -140,7 +140,7 @@ def gather_kernel(
         tl.store(out + 3, 0.0)
         if top_k_on:
             inside = candidate & (x >= level)
-            tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.float32), 0))
+            tl.store(out + 2, tl.sum((candidate & ~inside).to(tl.int32), 0).to(tl.float32))
             if tl.max(inside.to(tl.int32), 0) > 0:
                 # Relaxed, as split.py's copy pass says why.
                 counter = count_ptr + row + tl.zeros([PART], tl.int32)
