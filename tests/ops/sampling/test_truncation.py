@@ -229,10 +229,10 @@ def test_interpreted_kernel_equals_reference(batch):
 def split_cut_finishes(monkeypatch, maxima_chunk, logits, temperature, top_k, top_p, min_p, finished, **settings):
     """op.split_cut (split.py's and maxima.py's kernels) at small tiles (128-token
     chunks, the GPU's window depth, capacity 256, 8 keys; maxima.py's chunks of
-    maxima_chunk, its gather's parts of two; `settings` changes them) in float32 and bfloat16: the rows
-    `finished` marks 1 (a list, or a list per dtype) done with the oracle's cut,
-    those it marks 0 left to the per-row search, and the whole op the oracle's on
-    every row."""
+    maxima_chunk, its gather's parts of two chunks; `settings` changes them) in
+    float32 and bfloat16: the rows `finished` marks 1 (a list, or a list per dtype)
+    done with the oracle's cut, those it marks 0 left to the per-row search, and the
+    whole op the oracle's on every row."""
     import specdraft.ops.sampling.truncation.op as launch
 
     tiles = {"CHUNK": 128, "WINDOW_BINS": 64, "CAPACITY": 256, "RESOLVE_TILE": 64, "KEYS": 8}

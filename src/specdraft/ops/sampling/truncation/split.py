@@ -266,7 +266,7 @@ def bracket_kernel(
 
 
 @triton.jit
-def range_sums(out, x, above, below, top_p_on, thr, top, temp):
+def range_sums(out, x, above, below, top_p_on, top, temp):
     """sums[row, chunk] at `out` = (count above, mass above, count below, mass below)
     of the chunk's candidates, counts as fp32 of exact small integers (<= CHUNK, summed
     as int32), masses only where top-p is on (the resolve reads them only then: an exp
@@ -324,7 +324,7 @@ def collect_kernel(
                 x = tl.load(logits_ptr + row * row_stride + idx, mask=idx < vocab, other=float("-inf"))
                 x = clean(x.to(tl.float32))
                 above, below, inside = range_masks(x, thr, bin_of(x, inv_width), range_lo, range_hi)
-                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
+                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, top, temp)
                 if tl.max(inside.to(tl.int32), 0) > 0:
                     # One atomic add a copied token takes its place (a scan of the
                     # chunk's mask for places cost 3x the rest of this kernel on an H200).
@@ -368,7 +368,7 @@ def count_kernel(
                 x = clean(x.to(tl.float32))
                 key = order_key(x, SHIFT)
                 above, below, inside = range_masks(x, thr, key, range_lo, range_hi)
-                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, thr, top, temp)
+                range_sums(sums_ptr + (row * num_chunks + chunk) * 4, x, above, below, top_p_on, top, temp)
                 # Unmasked, as the window's histogram (with mask=inside this pass took
                 # 372 us at B = 256, V = 152k on an H200, the window's 96). Measured
                 # too: a relaxed atomic add per token inside the range instead of the
